@@ -1,0 +1,1 @@
+"""PolicyLens engine: objectives, tasks, policy, rollouts, the training loop and the run log."""

@@ -1,0 +1,25 @@
+#!/bin/sh
+# Create the virtual environment and install PolicyLens with its test tools.
+# torch is installed first, on its own: on a machine without an NVIDIA GPU we ask for the CPU build,
+# so that pip never pulls the multi-GB CUDA build. Set TORCH_SPEC / TORCH_INDEX_URL to choose yourself.
+set -eu
+PYTHON=${PYTHON:-python3}
+VENV=${VENV:-.venv}
+
+"$PYTHON" -c 'import sys; sys.exit(0 if sys.version_info >= (3, 10) else "PolicyLens needs Python 3.10 or newer, found " + sys.version.split()[0])'
+[ -x "$VENV/bin/python" ] || "$PYTHON" -m venv "$VENV"
+PIP="$VENV/bin/python -m pip --disable-pip-version-check"
+
+if ! "$VENV/bin/python" -c 'import torch' 2>/dev/null; then
+    TORCH_SPEC=${TORCH_SPEC:-torch==2.13.0}
+    if [ -z "${TORCH_INDEX_URL+x}" ] && ! command -v nvidia-smi >/dev/null 2>&1; then
+        TORCH_INDEX_URL=https://download.pytorch.org/whl/cpu
+    fi
+    if [ -n "${TORCH_INDEX_URL:-}" ]; then
+        # Without a reachable CPU index pip falls back to the default index at once (--retries 0).
+        $PIP install --retries 0 "$TORCH_SPEC" --extra-index-url "$TORCH_INDEX_URL"
+    else
+        $PIP install "$TORCH_SPEC"
+    fi
+fi
+$PIP install -e '.[dev]'
