@@ -1,0 +1,213 @@
+"""The demo comparison: one task, one seed, one warm-started model, trained five ways, logging live.
+
+`policylens demo` (the README's run command) starts it in the background when the logs folder holds no demo runs
+yet, then serves the dashboard, which shows the runs filling in. The dashboard's empty state starts the same demo
+with one button (`start_demo`) and follows it with `demo_progress`.
+
+How it runs:
+1. One supervisor process (`python -m engine.demo`) owns the demo; its pid is kept in `<logs>/.demo/pid`, so a
+   second start while it lives is a no-op.
+2. The first run builds the cached warm start alone; the other runs then train side by side, each in its own
+   `policylens train` process with one thread, so all five curves fill in together on a small machine.
+3. Runs already finished are kept; runs stopped or crashed part way are resumed; `--fresh` deletes the demo runs
+   (and only those) and trains them again.
+4. Stopping the supervisor (Ctrl-C on `policylens demo`, or SIGTERM) sends SIGINT to every training process:
+   each stops after its current step and marks its run `stopped`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+
+@dataclass(frozen=True)
+class DemoRun:
+    """One run of the demo comparison."""
+
+    name: str
+    algo: str
+    supervision: str = "outcome"
+
+
+DEMO_RUNS = (
+    DemoRun("demo-grpo", "grpo"),
+    DemoRun("demo-grpo-process", "grpo", "process"),
+    DemoRun("demo-dapo", "dapo"),
+    DemoRun("demo-gspo", "gspo"),
+    DemoRun("demo-aspo", "aspo"),
+)
+DEMO_TASK = "linear"
+DEMO_SEED = 0
+# Chosen so that the five runs finish in under 20 minutes on 2 CPU cores (measured: see README).
+DEMO_STEPS = 60
+DEMO_EVAL_EVERY = 5
+
+
+def _demo_dir(logs_dir: Path) -> Path:
+    return Path(logs_dir) / ".demo"
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def running_supervisor(logs_dir: str | Path) -> int | None:
+    """The pid of the live demo supervisor for this logs folder, or None."""
+    pid_file = _demo_dir(Path(logs_dir)) / "pid"
+    try:
+        pid = int(pid_file.read_text().strip())
+    except (FileNotFoundError, ValueError):
+        return None
+    return pid if _pid_alive(pid) else None
+
+
+def _run_status(logs_dir: Path, name: str) -> dict | None:
+    """The run's status record (`status`, `last_step`), or None when the run does not exist."""
+    from engine.runlog import RunLogError, list_runs
+
+    try:
+        runs = list_runs(logs_dir)
+    except RunLogError:
+        return None
+    for run in runs:
+        if run["run"] == name:
+            return run
+    return None
+
+
+def demo_runs_present(logs_dir: str | Path) -> bool:
+    return any(_run_status(Path(logs_dir), run.name) is not None for run in DEMO_RUNS)
+
+
+def demo_progress(logs_dir: str | Path) -> dict:
+    """Progress of the demo: per run its status and steps done, and the overall fraction done in [0, 1]."""
+    logs_dir = Path(logs_dir)
+    runs = []
+    for run in DEMO_RUNS:
+        info = _run_status(logs_dir, run.name) or {}
+        done = min(int(info.get("last_step") or 0), DEMO_STEPS)
+        runs.append({"run": run.name, "status": info.get("status", "waiting"), "steps_done": done})
+    fraction = sum(r["steps_done"] for r in runs) / (DEMO_STEPS * len(DEMO_RUNS))
+    return {"running": running_supervisor(logs_dir) is not None, "fraction": fraction, "runs": runs}
+
+
+def start_demo(logs_dir: str | Path, fresh: bool = False) -> int:
+    """Start the demo supervisor in the background (unless one is already running); returns its pid."""
+    logs_dir = Path(logs_dir).resolve()
+    pid = running_supervisor(logs_dir)
+    if pid is not None:
+        return pid
+    demo_dir = _demo_dir(logs_dir)
+    demo_dir.mkdir(parents=True, exist_ok=True)
+    command = [sys.executable, "-m", "engine.demo", "--logs-dir", str(logs_dir)]
+    if fresh:
+        command.append("--fresh")
+    with open(demo_dir / "demo.log", "ab") as log:
+        process = subprocess.Popen(
+            command, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True
+        )
+    (demo_dir / "pid").write_text(str(process.pid))
+    return process.pid
+
+
+def stop_demo(logs_dir: str | Path, timeout: float = 60.0) -> None:
+    """Ask the supervisor to stop its training processes cleanly, and wait for it."""
+    pid = running_supervisor(logs_dir)
+    if pid is None:
+        return
+    os.kill(pid, signal.SIGTERM)
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        with contextlib.suppress(ChildProcessError):  # reap it when it is our child: a zombie still answers kill(0)
+            os.waitpid(pid, os.WNOHANG)
+        if not _pid_alive(pid):
+            return
+        time.sleep(0.2)
+
+
+def _train_command(run: DemoRun, logs_dir: Path, resume: bool) -> list[str]:
+    base = [sys.executable, "-m", "engine.cli", "train", "--logs-dir", str(logs_dir)]
+    if resume:
+        return [*base, "--resume", run.name]
+    return [
+        *base,
+        "--algo", run.algo,
+        "--task", DEMO_TASK,
+        "--supervision", run.supervision,
+        "--steps", str(DEMO_STEPS),
+        "--eval-every", str(DEMO_EVAL_EVERY),
+        "--seed", str(DEMO_SEED),
+        "--run-name", run.name,
+        "--no-progress",
+    ]  # fmt: skip
+
+
+def _supervise(logs_dir: Path, fresh: bool) -> int:
+    """Train the demo runs: the first alone (it builds the shared warm start), then the rest side by side."""
+    demo_dir = _demo_dir(logs_dir)
+    demo_dir.mkdir(parents=True, exist_ok=True)
+    (demo_dir / "pid").write_text(str(os.getpid()))
+    if fresh:
+        for run in DEMO_RUNS:
+            shutil.rmtree(logs_dir / run.name, ignore_errors=True)
+
+    children: list[subprocess.Popen] = []
+    stopping = False
+
+    def stop(signum, frame):
+        nonlocal stopping
+        stopping = True
+        for child in children:
+            if child.poll() is None:
+                child.send_signal(signal.SIGINT)
+
+    signal.signal(signal.SIGTERM, stop)
+    signal.signal(signal.SIGINT, stop)
+
+    env = dict(os.environ, OMP_NUM_THREADS="1", MKL_NUM_THREADS="1", POLICYLENS_THREADS="1")
+    todo = []
+    for run in DEMO_RUNS:
+        info = _run_status(logs_dir, run.name)
+        if info is None:
+            todo.append((run, False))
+        elif info.get("status") != "finished":
+            todo.append((run, True))
+
+    failures = 0
+    for batch in (todo[:1], todo[1:]):
+        for run, resume in batch:
+            if stopping:
+                break
+            children.append(subprocess.Popen(_train_command(run, logs_dir, resume), env=env))
+        for child in children:
+            failures += child.wait() != 0
+        children.clear()
+    (demo_dir / "pid").unlink(missing_ok=True)
+    return 1 if failures and not stopping else 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description="Run the demo comparison's training (normally via `policylens demo`).")
+    parser.add_argument("--logs-dir", required=True)
+    parser.add_argument("--fresh", action="store_true")
+    args = parser.parse_args(argv)
+    return _supervise(Path(args.logs_dir).resolve(), args.fresh)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
