@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from pathlib import Path
 
 DEFAULT_LOGS_DIR = "logs"
 
@@ -73,21 +74,64 @@ def add_dashboard_command(subparsers) -> None:
     parser.set_defaults(func=run_dashboard)
 
 
+def dashboard_command(logs_dir: str, host: str = "127.0.0.1", port: int = 8501) -> list[str]:
+    """The `streamlit run` command line that serves the dashboard for a logs folder (absolute, so the app finds
+    it whatever its working directory)."""
+    app = Path(__file__).resolve().parent.parent / "dashboard" / "streamlit_app.py"
+    return [
+        sys.executable, "-m", "streamlit", "run", str(app),
+        "--server.address", host, "--server.port", str(port),
+        "--server.headless", "true", "--browser.gatherUsageStats", "false",
+        "--", "--logs-dir", str(Path(logs_dir).resolve()),
+    ]
+
+
 def run_dashboard(args: argparse.Namespace) -> int:
-    raise SystemExit("policylens dashboard: not available yet")
+    import subprocess
+
+    command = dashboard_command(args.logs_dir, args.host, args.port)
+    print(f"PolicyLens dashboard on http://{args.host}:{args.port} (logs: {command[-1]}); Ctrl+C stops it.")
+    try:
+        return subprocess.call(command)
+    except KeyboardInterrupt:  # streamlit got the same Ctrl+C and shuts down by itself
+        return 0
 
 
 # ---------------------------------------------------------------- demo
 
 
 def add_demo_command(subparsers) -> None:
-    parser = subparsers.add_parser("demo", help="train the demo comparison in the background and open the dashboard")
+    parser = subparsers.add_parser(
+        "demo", help="train the demo comparison in the background and serve the dashboard (the README's run command)"
+    )
     _add_logs_dir(parser)
+    parser.add_argument("--host", default="127.0.0.1", help="address to listen on (default: loopback only)")
+    parser.add_argument("--port", type=int, default=8501)
+    parser.add_argument("--fresh", action="store_true", help="delete the demo runs and train them again")
     parser.set_defaults(func=run_demo)
 
 
 def run_demo(args: argparse.Namespace) -> int:
-    raise SystemExit("policylens demo: not available yet")
+    from engine import demo
+    from engine.runlog import list_runs
+
+    logs_dir = Path(args.logs_dir)
+    logs_dir.mkdir(parents=True, exist_ok=True)
+    statuses = {run["run"]: run["status"] for run in list_runs(logs_dir)}
+    demo_unfinished = any(statuses.get(run.name, "missing") != "finished" for run in demo.DEMO_RUNS)
+    started = False
+    if args.fresh or not statuses or (demo.demo_runs_present(logs_dir) and demo_unfinished):
+        print(f"policylens: training the demo runs in the background (log: {logs_dir / '.demo' / 'demo.log'})")
+        demo.start_demo(logs_dir, fresh=args.fresh)
+        started = True
+    try:
+        return run_dashboard(args)
+    except KeyboardInterrupt:
+        return 0
+    finally:
+        if started:
+            print("policylens: stopping the demo training after its current step")
+            demo.stop_demo(logs_dir)
 
 
 # ----------------------------------------------------------------

@@ -1,0 +1,6 @@
+"""Placeholder."""
+
+import streamlit as st
+
+st.header("algorithm_weighting")
+st.info("Coming soon.")

@@ -1,0 +1,6 @@
+"""Placeholder."""
+
+import streamlit as st
+
+st.header("groups")
+st.info("Coming soon.")

@@ -1,0 +1,6 @@
+"""Placeholder."""
+
+import streamlit as st
+
+st.header("prm_steps")
+st.info("Coming soon.")

@@ -1,0 +1,6 @@
+"""Placeholder."""
+
+import streamlit as st
+
+st.header("replay")
+st.info("Coming soon.")

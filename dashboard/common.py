@@ -1,0 +1,108 @@
+"""What every page shares: the logs folder, the run and step being looked at, error display.
+
+The run and step live in `st.session_state` (driven by the sidebar pickers) and are mirrored into the URL's query
+parameters on every rerun, so any view can be bookmarked or shared; a new session starts from the URL.
+Page-specific parameters (rollout, channel, pass, group, ...) go through `url_value` / `set_url_value`.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import streamlit as st
+
+LOGS_DIR_ENV = "POLICYLENS_LOGS_DIR"
+
+
+def logs_dir() -> str:
+    """Absolute logs folder: `--logs-dir DIR` after `--` on the streamlit command line, else the environment."""
+    argv = sys.argv[1:]
+    for i, arg in enumerate(argv):
+        if arg == "--logs-dir" and i + 1 < len(argv):
+            return str(Path(argv[i + 1]).resolve())
+        if arg.startswith("--logs-dir="):
+            return str(Path(arg.split("=", 1)[1]).resolve())
+    return str(Path(os.environ.get(LOGS_DIR_ENV, "logs")).resolve())
+
+
+def url_value(key: str, cast=str, default=None):
+    """A query parameter converted with `cast`, or `default` when absent or malformed."""
+    raw = st.query_params.get(key)
+    if raw is None:
+        return default
+    try:
+        return cast(raw)
+    except (TypeError, ValueError):
+        return default
+
+
+def set_url_value(key: str, value) -> None:
+    """Mirror a page's choice into the URL (removed when None), only when it changed, to avoid needless updates."""
+    if value is None:
+        if key in st.query_params:
+            del st.query_params[key]
+    elif st.query_params.get(key) != str(value):
+        st.query_params[key] = str(value)
+
+
+def initial_value(state_key: str, url_key: str, cast, options: list, fallback):
+    """The value a widget should start from: its session value, else the URL's, else `fallback`.
+
+    Returns (value, problem) where problem is a message when the URL asked for something that does not exist.
+    """
+    if state_key in st.session_state and st.session_state[state_key] in options:
+        return st.session_state[state_key], None
+    wanted = url_value(url_key, cast)
+    if wanted is None:
+        return fallback, None
+    if wanted in options:
+        return wanted, None
+    return fallback, f"{url_key} {st.query_params.get(url_key)!r} from the link does not exist here"
+
+
+@dataclass(frozen=True)
+class Selection:
+    """The run and step chosen in the sidebar, with what pages need to know about the run."""
+
+    logs_dir: str
+    run: str
+    step: int | None
+    steps: tuple[int, ...]
+    status: str
+    algorithm: str
+    task: str
+    version: tuple  # changes whenever the run gets a new step or status: keys run-wide caches
+
+
+def current() -> Selection | None:
+    """The sidebar's selection (set by streamlit_app.py before the page runs)."""
+    return st.session_state.get("_selection")
+
+
+def require_selection(need_step: bool = True) -> Selection:
+    """The selection, or stop the page with a clear message."""
+    selection = current()
+    if selection is None:
+        st.info("No run selected.")
+        st.stop()
+    if need_step and selection.step is None:
+        st.info(f"Run **{selection.run}** has not logged any step yet. It will appear here once it does.")
+        st.stop()
+    return selection
+
+
+def show_error(what: str, error: Exception) -> None:
+    """A failed query (damaged file, run deleted meanwhile...) is reported without taking the page down."""
+    st.error(f"Could not read {what}: {type(error).__name__}: {error}")
+
+
+def load(what: str, function, *args, **kwargs):
+    """Call a query; on failure show why and stop this page (the sidebar and other pages keep working)."""
+    try:
+        return function(*args, **kwargs)
+    except Exception as error:  # a damaged Parquet file, a vanished run, a DuckDB error: all shown, none fatal
+        show_error(what, error)
+        st.stop()

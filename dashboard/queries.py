@@ -1,0 +1,209 @@
+"""Every SQL query of the dashboard, with bound parameters, cached.
+
+The dashboard reads runs through `engine.runlog.RunReader`, which exposes the run-log tables (runs, steps, rollouts,
+tokens, token_passes, prm_steps) as DuckDB views over the Parquet files the trainer writes. Nothing here writes.
+
+Caching: `st.cache_resource` holds one reader per logs folder; `st.cache_data` holds query results.
+- The list of runs changes while a run trains, so it lives 2 s (the live view polls it).
+- Run-wide queries (metric curves, list of steps) take the run's `version` (its last step) as an argument, so a new
+  step gives a new cache entry at once, and finished runs stay cached.
+- A logged step never changes once visible (the writer renames it into place), so step-level queries keep their
+  results for minutes.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pandas as pd
+import streamlit as st
+
+LIVE_TTL = 2  # seconds; the live watcher polls every 3 s
+RUN_TTL = 60
+STEP_TTL = 600
+
+
+@st.cache_resource(show_spinner=False)
+def get_reader(logs_dir: str):
+    """One read-only reader per logs folder, shared by all sessions."""
+    from engine.runlog import RunReader
+
+    return RunReader(logs_dir)
+
+
+def sql(logs_dir: str, query: str, params: list | None = None) -> pd.DataFrame:
+    """Run one query through the shared reader."""
+    return get_reader(logs_dir).sql(query, params or [])
+
+
+@st.cache_data(ttl=LIVE_TTL, show_spinner=False)
+def runs_table(logs_dir: str) -> pd.DataFrame:
+    """Every run with its status, algorithm, task, number of steps and latest held-out accuracy."""
+    return sql(
+        logs_dir,
+        """
+        WITH latest_eval AS (
+            SELECT run, arg_max(heldout_accuracy, step) AS heldout_accuracy, count(*) AS steps_logged
+            FROM steps GROUP BY run
+        )
+        SELECT r.run, r.status, r.algorithm, r.task, r.model, r.last_step, e.steps_logged,
+               e.heldout_accuracy, r.created_at, r.updated_at, r.config
+        FROM runs r LEFT JOIN latest_eval e USING (run)
+        ORDER BY r.created_at, r.run
+        """,
+    )
+
+
+def live_signature(logs_dir: str) -> tuple:
+    """What changes when a run makes progress: (run, status, last_step) of every run."""
+    table = runs_table(logs_dir)
+    return tuple(zip(table["run"], table["status"], table["last_step"].fillna(-1).astype(int), strict=True))
+
+
+@st.cache_data(ttl=RUN_TTL, show_spinner=False)
+def run_steps(logs_dir: str, runs: tuple[str, ...], version: tuple) -> pd.DataFrame:
+    """All per-step metrics of the given runs (`version` only keys the cache)."""
+    return sql(logs_dir, "SELECT * FROM steps WHERE list_contains(?, run) ORDER BY run, step", [list(runs)])
+
+
+@st.cache_data(ttl=RUN_TTL, show_spinner=False)
+def step_numbers(logs_dir: str, run: str, version: tuple) -> list[int]:
+    """The steps logged for a run, ascending."""
+    frame = sql(logs_dir, "SELECT DISTINCT step FROM steps WHERE run = ? ORDER BY step", [run])
+    return [int(s) for s in frame["step"]]
+
+
+def config_diff(table: pd.DataFrame) -> pd.DataFrame:
+    """Config keys whose values differ between the given runs (nested keys flattened with dots)."""
+    flat = {}
+    for run, config in zip(table["run"], table["config"], strict=True):
+        try:
+            parsed = json.loads(config) if isinstance(config, str) else dict(config or {})
+        except (TypeError, ValueError):
+            parsed = {"config": "(unreadable)"}
+        flat[run] = pd.json_normalize(parsed, sep=".").iloc[0].to_dict() if parsed else {}
+    frame = pd.DataFrame(flat)
+    if frame.empty or frame.shape[1] < 2:
+        return frame
+    differs = frame.astype(str).nunique(axis=1) > 1
+    return frame[differs].sort_index()
+
+
+# ---------------------------------------------------------------- one step
+
+
+ROLLOUT_COLUMNS = """rollout_id, group_id, index_in_group, kind, prompt_id, prompt, completion, answer, reward,
+    reward_correct, reward_process, reward_length, advantage, length, truncated, filtered, filter_reason"""
+
+
+@st.cache_data(ttl=STEP_TTL, show_spinner=False)
+def step_rollouts(logs_dir: str, run: str, step: int, kind: str | None = None) -> pd.DataFrame:
+    """The rollouts of one step (train and eval unless `kind` says which)."""
+    return sql(
+        logs_dir,
+        f"""SELECT {ROLLOUT_COLUMNS} FROM rollouts
+            WHERE run = ? AND step = ? AND (? IS NULL OR kind = ?)
+            ORDER BY kind DESC, group_id, index_in_group""",
+        [run, step, kind, kind],
+    )
+
+
+@st.cache_data(ttl=STEP_TTL, show_spinner=False)
+def group_summary(logs_dir: str, run: str, step: int) -> pd.DataFrame:
+    """One row per train group of a step: its prompt, reward mean/std, outcome mix, filtering."""
+    return sql(
+        logs_dir,
+        """
+        SELECT group_id, any_value(prompt) AS prompt, any_value(answer) AS answer, count(*) AS size,
+               avg(reward) AS reward_mean, coalesce(stddev_samp(reward), 0) AS reward_std,
+               avg(reward_correct) AS accuracy, avg(length) AS length_mean,
+               max(abs(advantage)) AS max_abs_advantage,
+               bool_or(filtered) AS filtered, any_value(filter_reason) FILTER (WHERE filtered) AS filter_reason,
+               sum(truncated::INT) AS truncated,
+               CASE WHEN min(reward_correct) > 0 THEN 'all correct'
+                    WHEN max(reward_correct) <= 0 THEN 'all wrong' ELSE 'mixed' END AS outcome
+        FROM rollouts WHERE run = ? AND step = ? AND kind = 'train'
+        GROUP BY group_id ORDER BY group_id
+        """,
+        [run, step],
+    )
+
+
+@st.cache_data(ttl=STEP_TTL, show_spinner=False)
+def step_passes(logs_dir: str, run: str, step: int) -> list[int]:
+    """Optimisation passes logged for a step (empty when the step logged none)."""
+    frame = sql(logs_dir, 'SELECT DISTINCT "pass" FROM token_passes WHERE run = ? AND step = ? ORDER BY 1', [run, step])
+    return [int(p) for p in frame["pass"]]
+
+
+@st.cache_data(ttl=STEP_TTL, show_spinner=False)
+def rollout_tokens(logs_dir: str, run: str, step: int, rollout_ids: tuple[int, ...], pass_: int | None) -> pd.DataFrame:
+    """Tokens of some rollouts with the values of one optimisation pass (NULL where the pass logged nothing)."""
+    return sql(
+        logs_dir,
+        """
+        SELECT t.rollout_id, t.position, t.token_id, t.token_text, t.old_logp, t.ref_logp, t.entropy, t.advantage,
+               t.prm_step, p."pass", p.new_logp, p.ratio, p.clip, p.grad_weight, p.token_loss, p.kl
+        FROM tokens t
+        LEFT JOIN (SELECT * FROM token_passes WHERE run = ? AND step = ? AND "pass" = ?) p
+               ON p.rollout_id = t.rollout_id AND p.position = t.position
+        WHERE t.run = ? AND t.step = ? AND list_contains(?, t.rollout_id)
+        ORDER BY t.rollout_id, t.position
+        """,
+        [run, step, pass_, run, step, list(rollout_ids)],
+    )
+
+
+@st.cache_data(ttl=STEP_TTL, show_spinner=False)
+def prm_steps(logs_dir: str, run: str, step: int, rollout_ids: tuple[int, ...]) -> pd.DataFrame:
+    """Reasoning steps (with raw and normalized rewards) of some rollouts."""
+    return sql(
+        logs_dir,
+        """SELECT rollout_id, step_index, first_pos, last_pos, text, reward_raw, reward_norm FROM prm_steps
+           WHERE run = ? AND step = ? AND list_contains(?, rollout_id) ORDER BY rollout_id, step_index""",
+        [run, step, list(rollout_ids)],
+    )
+
+
+@st.cache_data(ttl=RUN_TTL, show_spinner=False)
+def run_has_prm(logs_dir: str, run: str, version: tuple) -> bool:
+    frame = sql(logs_dir, "SELECT count(*) AS n FROM (SELECT 1 FROM prm_steps WHERE run = ? LIMIT 1)", [run])
+    return bool(frame["n"].iloc[0])
+
+
+# ---------------------------------------------------------------- eval prompts across steps and runs
+
+
+@st.cache_data(ttl=RUN_TTL, show_spinner=False)
+def eval_prompts(logs_dir: str, run: str, version: tuple) -> pd.DataFrame:
+    """The held-out prompts a run evaluated on (stable ids, so they can be followed)."""
+    return sql(
+        logs_dir,
+        """SELECT prompt_id, any_value(prompt) AS prompt, any_value(answer) AS answer, count(DISTINCT step) AS steps
+           FROM rollouts WHERE run = ? AND kind = 'eval' GROUP BY prompt_id ORDER BY prompt_id""",
+        [run],
+    )
+
+
+@st.cache_data(ttl=RUN_TTL, show_spinner=False)
+def eval_prompt_history(logs_dir: str, run: str, prompt_id: int, version: tuple) -> pd.DataFrame:
+    """Every eval answer of one run to one prompt, step by step."""
+    return sql(
+        logs_dir,
+        """SELECT step, index_in_group AS sample, completion, reward, reward_correct, length, truncated, rollout_id
+           FROM rollouts WHERE run = ? AND kind = 'eval' AND prompt_id = ? ORDER BY step, index_in_group""",
+        [run, prompt_id],
+    )
+
+
+@st.cache_data(ttl=LIVE_TTL, show_spinner=False)
+def eval_prompt_across_runs(logs_dir: str, task: str, prompt_id: int, step: int) -> pd.DataFrame:
+    """The answers of every run on the same task to one eval prompt at the same step."""
+    return sql(
+        logs_dir,
+        """SELECT r.run, x.algorithm, r.index_in_group AS sample, r.completion, r.reward, r.reward_correct, r.length
+           FROM rollouts r JOIN runs x ON x.run = r.run
+           WHERE x.task = ? AND r.kind = 'eval' AND r.prompt_id = ? AND r.step = ?
+           ORDER BY r.run, r.index_in_group""",
+        [task, prompt_id, step],
+    )

@@ -1,0 +1,124 @@
+"""Synthetic runs for the dashboard's benchmark and browser test, written through the real `RunWriter`.
+
+The numbers are made up but shaped like the engine's (groups of G completions of an equation task, log-probs,
+ratios that drift from 1 across passes, clip codes that follow the GRPO rule, PRM steps), so queries and charts
+do the same work as on a trained run. The dashboard's functional tests use runs trained by the engine instead.
+"""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pandas as pd
+
+HOSTILE_TOKEN = "<img src=x onerror=alert(1)>"
+# Pieces of an equation solution; spaces and newlines are part of the tokens on purpose.
+VOCAB = ["2", "x", " +", " 3", " =", " 7", "\n", " -", " 4", "x =", " 2", "Step", " 1", ":", " so", " subtract",
+         " divide", " by", "<eos>"]
+
+
+def synthetic_step(step: int, groups: int, group_size: int, length: int, passes: int, rng: np.random.Generator,
+                   hostile: bool = False, eval_prompts: int = 2) -> dict:
+    """One step's tables as dict-of-columns / DataFrames, in the run-log schema."""
+    rows, token_rows, pass_rows, prm_rows = [], [], [], []
+    rollout_id = 0
+    kinds = [("train", g) for g in range(groups)] + [("eval", g) for g in range(eval_prompts)]
+    for kind, group in kinds:
+        size = group_size if kind == "train" else 1
+        correct = rng.random(size) < (0.3 + 0.5 * step / (step + 10))
+        reward = correct.astype(float)
+        std = reward.std(ddof=1) if size > 1 else 0.0
+        advantage = (reward - reward.mean()) / (std + 1e-6) if kind == "train" else np.zeros(size)
+        for i in range(size):
+            n = int(rng.integers(max(2, length // 2), length + 1))
+            ids = rng.integers(0, len(VOCAB), n)
+            texts = [VOCAB[j] for j in ids]
+            if hostile and rollout_id == 0:
+                texts[min(1, n - 1)] = HOSTILE_TOKEN
+            old_logp = -rng.gamma(1.0, 0.6, n)
+            ref_logp = old_logp + rng.normal(0, 0.05, n)
+            entropy = rng.gamma(2.0, 0.4, n)
+            steps_idx = np.minimum(np.arange(n) * 3 // n, 2)
+            rows.append({
+                "rollout_id": rollout_id, "group_id": group if kind == "train" else 1000 + group,
+                "index_in_group": i, "kind": kind, "prompt_id": group + step * groups if kind == "train" else group,
+                "prompt": f"Solve for x: {group + 2}x + 3 = {2 * group + 7}", "completion": "".join(texts),
+                "answer": str(group + 2), "reward": float(reward[i]), "reward_correct": float(reward[i]),
+                "reward_process": float(rng.normal()), "reward_length": 0.0, "advantage": float(advantage[i]),
+                "length": n, "truncated": bool(n == length), "filtered": bool(std == 0 and kind == "train"),
+                "filter_reason": ("all_correct" if reward.mean() == 1 else "all_wrong")
+                if std == 0 and kind == "train" else None,
+                "seq_ratio": None,
+            })
+            for t in range(n):
+                token_rows.append((rollout_id, t, int(ids[t]), texts[t], old_logp[t], ref_logp[t], entropy[t],
+                                   float(advantage[i]), int(steps_idx[t])))
+            for j in range(3):
+                positions = np.flatnonzero(steps_idx == j)
+                if positions.size:
+                    prm_rows.append((rollout_id, j, int(positions[0]), int(positions[-1]),
+                                     "".join(texts[positions[0]: positions[-1] + 1]), float(rng.random()),
+                                     float(rng.normal())))
+            if kind == "train":
+                for p in range(passes):
+                    new_logp = old_logp + rng.normal(0, 0.08 * p, n)
+                    ratio = np.exp(new_logp - old_logp)
+                    a = advantage[i]
+                    clip = np.where((a < 0) & (ratio < 0.8), 1, np.where((a > 0) & (ratio > 1.2), 2, 0))
+                    clip = np.where((a < 0) & (ratio > 3), 3, clip)
+                    weight = np.where(clip == 0, ratio * a / n, 0.0)
+                    kl = np.exp(ref_logp - new_logp) - (ref_logp - new_logp) - 1
+                    for t in range(n):
+                        pass_rows.append((p, rollout_id, t, new_logp[t], ratio[t], int(clip[t]), weight[t],
+                                          -ratio[t] * a / n, kl[t]))
+            rollout_id += 1
+    rollouts = pd.DataFrame(rows)
+    tokens = pd.DataFrame(token_rows, columns=["rollout_id", "position", "token_id", "token_text", "old_logp",
+                                               "ref_logp", "entropy", "advantage", "prm_step"])
+    token_passes = pd.DataFrame(pass_rows, columns=["pass", "rollout_id", "position", "new_logp", "ratio", "clip",
+                                                    "grad_weight", "token_loss", "kl"])
+    token_passes["clip"] = token_passes["clip"].astype("int8")
+    prm = pd.DataFrame(prm_rows, columns=["rollout_id", "step_index", "first_pos", "last_pos", "text", "reward_raw",
+                                          "reward_norm"])
+    train = rollouts[rollouts["kind"] == "train"]
+    metrics = {
+        "wall_time": float(step * 2.0), "reward_mean": float(train["reward"].mean()),
+        "reward_std": float(train["reward"].std()), "accuracy": float(train["reward_correct"].mean()),
+        "heldout_accuracy": float(rng.random()) if step % 2 == 0 else None, "heldout_accuracy_sampled": None,
+        "entropy": float(tokens["entropy"].mean()), "kl": float(token_passes["kl"].mean()) if passes else 0.0,
+        "clip_low_frac": float((token_passes["clip"] == 1).mean()) if passes else 0.0,
+        "clip_high_frac": float((token_passes["clip"] == 2).mean()) if passes else 0.0,
+        "clip_dual_frac": float((token_passes["clip"] == 3).mean()) if passes else 0.0,
+        "response_len_mean": float(train["length"].mean()), "response_len_max": float(train["length"].max()),
+        "truncated_frac": float(train["truncated"].mean()), "groups_kept": int(groups - train["filtered"].sum() // 4),
+        "groups_filtered": int(train["filtered"].sum() // max(1, group_size)), "gen_batches": 1,
+        "loss": float(rng.normal()), "grad_norm": float(rng.random()), "lr": 1e-5, "step_seconds": 2.0,
+    }
+    return {"metrics": metrics, "rollouts": rollouts, "tokens": tokens, "token_passes": token_passes,
+            "prm_steps": prm}
+
+
+def write_synthetic_run(logs_dir: str, name: str, steps: int = 3, groups: int = 4, group_size: int = 4,
+                        length: int = 24, passes: int = 2, hostile: bool = False, seed: int = 0,
+                        algorithm: str = "grpo", status: str = "finished") -> None:
+    """Write a synthetic run through the engine's RunWriter."""
+    from engine.runlog import RunWriter
+
+    rng = np.random.default_rng(seed)
+    config = {"algorithm": algorithm, "group_size": group_size, "groups": groups, "max_len": length,
+              "passes": passes, "synthetic": True}
+    writer = RunWriter.create(logs_dir, name, algorithm=algorithm, task="linear_equation", config=config,
+                              model="synthetic")
+    for step in range(steps):
+        data = synthetic_step(step, groups, group_size, length, passes, rng, hostile=hostile)
+        writer.log_step(step, **data)
+    if status != "running":
+        writer.set_status(status)
+
+
+if __name__ == "__main__":  # handy for trying the dashboard: python -m dashboard.synthetic LOGS_DIR NAME
+    import sys
+
+    write_synthetic_run(sys.argv[1], sys.argv[2], steps=int(sys.argv[3]) if len(sys.argv) > 3 else 5)
+    print(json.dumps({"written": sys.argv[2]}))

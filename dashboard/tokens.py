@@ -1,0 +1,149 @@
+"""Token heatmap HTML: one rollout's tokens coloured by a channel, clip events painted on them.
+
+Every piece of token text goes through `html.escape` before it touches markup, so a completion that contains
+`<img src=x onerror=alert(1)>` is shown as those characters, never as an element. Whitespace is made visible
+(`·` for a space, `→` for a tab, `↵` for a newline followed by a real line break) because for a tokenizer a
+leading space or a newline is a token like any other and users need to see where it went.
+
+No Streamlit calls here: the page passes the returned string to `st.html`.
+"""
+
+from __future__ import annotations
+
+import html
+import math
+from dataclasses import dataclass
+
+import pandas as pd
+from plotly.colors import sample_colorscale
+
+
+@dataclass(frozen=True)
+class Channel:
+    """How one per-token quantity is coloured."""
+
+    column: str
+    label: str
+    center: float | None  # diverging scale centred here; None: sequential scale from min to max
+    colorscale: str
+
+
+# Diverging scales are centred where the quantity is neutral: an advantage, KL, gradient weight or token loss of 0
+# pushes nothing; a ratio of 1 means the policy has not moved. Log-probs and entropy have no neutral point, so they
+# get a sequential scale.
+CHANNELS: dict[str, Channel] = {
+    "advantage": Channel("advantage", "advantage", 0.0, "RdBu"),
+    "ratio": Channel("ratio", "ratio π/π_old", 1.0, "PuOr_r"),
+    "new_logp": Channel("new_logp", "new log-prob", None, "Viridis"),
+    "old_logp": Channel("old_logp", "old log-prob", None, "Viridis"),
+    "ref_logp": Channel("ref_logp", "reference log-prob", None, "Viridis"),
+    "entropy": Channel("entropy", "entropy", None, "Magma_r"),
+    "kl": Channel("kl", "KL to reference (k3)", 0.0, "RdBu_r"),
+    "grad_weight": Channel("grad_weight", "gradient weight", 0.0, "RdBu"),
+    "token_loss": Channel("token_loss", "token loss", 0.0, "RdBu_r"),
+}
+
+CLIP_NAMES = {0: "none", 1: "low", 2: "high", 3: "dual / cap"}
+# Low and high clipping must be told apart at a glance and without relying on colour alone: low is a thick line
+# under the token, high a thick line over it, the dual/soft cap a dashed outline.
+CLIP_STYLES = {
+    1: "border-bottom:3px solid #1f77b4;",
+    2: "border-top:3px solid #d62728;",
+    3: "outline:2px dashed #9467bd;outline-offset:-1px;",
+}
+
+
+def visible_text(text: str) -> str:
+    """Escape a token's text for HTML and make its whitespace visible."""
+    escaped = html.escape(text, quote=True)
+    return (
+        escaped.replace(" ", "·")
+        .replace("\t", "→")
+        .replace("\r", "␍")
+        .replace("\n", "↵<br>")
+    )
+
+
+def channel_range(values: pd.Series, channel: Channel) -> tuple[float, float]:
+    """(low, high) of the colour scale; diverging scales are symmetric around their centre."""
+    finite = pd.to_numeric(values, errors="coerce").dropna()
+    finite = finite[finite.map(math.isfinite)]
+    if finite.empty:
+        return (-1.0, 1.0) if channel.center is None else (channel.center - 1.0, channel.center + 1.0)
+    if channel.center is not None:
+        spread = float((finite - channel.center).abs().max()) or 1.0
+        return channel.center - spread, channel.center + spread
+    low, high = float(finite.min()), float(finite.max())
+    return (low, high) if high > low else (low - 1.0, high + 1.0)
+
+
+def _colour(value, low: float, high: float, colorscale: str) -> tuple[str, str]:
+    """(background, text colour) for one value; missing values are left uncoloured."""
+    if value is None or (isinstance(value, float) and not math.isfinite(value)):
+        return "transparent", "inherit"
+    position = min(1.0, max(0.0, (float(value) - low) / (high - low)))
+    rgb = sample_colorscale(colorscale, [position])[0]  # "rgb(r, g, b)"
+    r, g, b = (float(c) for c in rgb[rgb.index("(") + 1 : -1].split(","))
+    # Dark text on light cells and vice versa (relative luminance, sRGB weights).
+    text = "#111" if 0.2126 * r + 0.7152 * g + 0.0722 * b > 140 else "#fff"
+    return rgb, text
+
+
+def _format(value) -> str:
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        return "–"
+    if isinstance(value, float):
+        return f"{value:.4g}"
+    return str(value)
+
+
+def token_heatmap_html(tokens: pd.DataFrame, channel_name: str, hover_columns: list[str] | None = None) -> str:
+    """Render tokens as coloured inline spans.
+
+    `tokens` has one row per completion token in order, with `position`, `token_text`, the channel's column and
+    optionally `clip` (0 none, 1 low, 2 high, 3 dual). Hovering a token shows every column in `hover_columns`.
+    """
+    channel = CHANNELS[channel_name]
+    hover_columns = hover_columns or [c.column for c in CHANNELS.values() if c.column in tokens.columns]
+    values = tokens[channel.column] if channel.column in tokens.columns else pd.Series(dtype=float)
+    low, high = channel_range(values, channel)
+    spans = []
+    # to_dict rather than itertuples: a column named `pass` is a keyword and itertuples would rename it.
+    for record in tokens.to_dict("records"):
+        background, text_colour = _colour(record.get(channel.column), low, high, channel.colorscale)
+        clip = record.get("clip")
+        clip = int(clip) if clip is not None and not pd.isna(clip) else 0
+        hover = [f"#{record['position']}  {record['token_text']!r}"]
+        hover += [f"{name}: {_format(record.get(name))}" for name in hover_columns]
+        if "clip" in record:
+            hover.append(f"clip: {CLIP_NAMES.get(clip, clip)}")
+        spans.append(
+            f'<span class="pl-token" data-position="{int(record["position"])}" data-clip="{clip}"'
+            f' title="{html.escape(chr(10).join(hover), quote=True)}"'
+            f' style="background:{background};color:{text_colour};{CLIP_STYLES.get(clip, "")}'
+            f'padding:1px 1px;margin:1px 0;border-radius:2px;">{visible_text(str(record["token_text"]))}</span>'
+        )
+    legend = colour_legend_html(channel, low, high)
+    return (
+        '<div class="pl-tokens" style="font-family:ui-monospace,Menlo,Consolas,monospace;font-size:14px;'
+        f'line-height:2.0;white-space:normal;word-break:break-all;">{"".join(spans)}</div>{legend}'
+    )
+
+
+def colour_legend_html(channel: Channel, low: float, high: float) -> str:
+    """A small legend: the colour scale's ends and the clip markers."""
+    stops = [sample_colorscale(channel.colorscale, [x])[0] for x in (0.0, 0.25, 0.5, 0.75, 1.0)]
+    gradient = ", ".join(stops)
+    middle = f" · {channel.center:g} in the middle" if channel.center is not None else ""
+    return (
+        '<div style="font-size:12px;margin-top:6px;display:flex;gap:14px;align-items:center;flex-wrap:wrap;">'
+        f"<span>{html.escape(channel.label)}: {low:.3g}</span>"
+        f'<span style="display:inline-block;width:160px;height:10px;background:linear-gradient(90deg, {gradient});'
+        'border:1px solid #ccc;"></span>'
+        f"<span>{high:.3g}{html.escape(middle)}</span>"
+        f'<span style="{CLIP_STYLES[1]}padding:0 4px;">clip low</span>'
+        f'<span style="{CLIP_STYLES[2]}padding:0 4px;">clip high</span>'
+        f'<span style="{CLIP_STYLES[3]}padding:0 4px;">dual clip / cap</span>'
+        "<span>· space ↵ newline → tab</span>"
+        "</div>"
+    )
