@@ -41,6 +41,8 @@ def url_value(key: str, cast=str, default=None):
 
 def set_url_value(key: str, value) -> None:
     """Mirror a page's choice into the URL (removed when None), only when it changed, to avoid needless updates."""
+    written = st.session_state.setdefault("_url_written", {})
+    written[key] = None if value is None else str(value)
     if value is None:
         if key in st.query_params:
             del st.query_params[key]
@@ -49,18 +51,26 @@ def set_url_value(key: str, value) -> None:
 
 
 def initial_value(state_key: str, url_key: str, cast, options: list, fallback):
-    """The value a widget should start from: its session value, else the URL's, else `fallback`.
+    """The value a widget should start from, and a message when the link asked for something that does not exist.
 
-    Returns (value, problem) where problem is a message when the URL asked for something that does not exist.
+    The URL wins when it differs from what this session last wrote into it (a bookmark, a link from another page,
+    a hand-edited address); otherwise the widget keeps its session value; otherwise `fallback`.
     """
-    if state_key in st.session_state and st.session_state[state_key] in options:
+    raw = st.query_params.get(url_key)
+    url_changed = raw is not None and raw != st.session_state.get("_url_written", {}).get(url_key)
+    if not url_changed and st.session_state.get(state_key) in options:
         return st.session_state[state_key], None
-    wanted = url_value(url_key, cast)
-    if wanted is None:
+    if raw is None:
         return fallback, None
+    try:
+        wanted = cast(raw)
+    except (TypeError, ValueError):
+        wanted = None
     if wanted in options:
         return wanted, None
-    return fallback, f"{url_key} {st.query_params.get(url_key)!r} from the link does not exist here"
+    if st.session_state.get(state_key) in options:
+        fallback = st.session_state[state_key]
+    return fallback, f"{url_key} {raw!r} from the link does not exist here"
 
 
 @dataclass(frozen=True)

@@ -147,3 +147,36 @@ def colour_legend_html(channel: Channel, low: float, high: float) -> str:
         "<span>· space ↵ newline → tab</span>"
         "</div>"
     )
+
+
+def reasoning_steps_html(tokens: pd.DataFrame, steps: pd.DataFrame) -> str:
+    """A completion split into its reasoning steps: one block per step with its raw and normalized reward.
+
+    `tokens` has position and token_text; `steps` has step_index, first_pos, last_pos, reward_raw, reward_norm.
+    Tokens outside every step (e.g. after the last one) are shown greyed at the end.
+    """
+    text_at = dict(zip(tokens["position"], tokens["token_text"].astype(str), strict=True))
+    covered: set[int] = set()
+    spread = float(steps["reward_norm"].abs().max()) if len(steps) else 1.0
+    blocks = []
+    for step in steps.sort_values("step_index").itertuples(index=False):
+        positions = range(int(step.first_pos), int(step.last_pos) + 1)
+        covered.update(positions)
+        text = "".join(visible_text(text_at.get(p, "")) for p in positions)
+        background, colour = _colour(float(step.reward_norm), -spread or -1.0, spread or 1.0, "RdBu")
+        blocks.append(
+            '<div class="pl-step" style="display:flex;gap:10px;align-items:flex-start;margin:4px 0;">'
+            f'<div style="min-width:170px;padding:2px 6px;border-radius:4px;background:{background};color:{colour};'
+            f'font-size:12px;">step {int(step.step_index)} · raw {step.reward_raw:.3g} · norm '
+            f'{step.reward_norm:+.3g}</div>'
+            f'<div style="font-family:ui-monospace,Menlo,Consolas,monospace;font-size:14px;">{text}</div></div>'
+        )
+    rest = [p for p in sorted(text_at) if p not in covered]
+    if rest:
+        text = "".join(visible_text(text_at[p]) for p in rest)
+        blocks.append(
+            '<div style="display:flex;gap:10px;margin:4px 0;color:#888;"><div style="min-width:170px;font-size:12px;">'
+            'outside any step (advantage 0)</div>'
+            f'<div style="font-family:ui-monospace,Menlo,Consolas,monospace;font-size:14px;">{text}</div></div>'
+        )
+    return "".join(blocks)

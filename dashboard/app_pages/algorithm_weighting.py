@@ -1,6 +1,147 @@
-"""Placeholder."""
+"""Algorithm weighting: on the same logged tokens, what GRPO, DAPO, GSPO, ASPO, Dr. GRPO and CISPO would do.
 
+Every number on this page comes from `engine.objectives.policy_loss` (via dashboard.recompute); the page only
+chooses the tokens and the knobs and draws the answers.
+"""
+
+from __future__ import annotations
+
+import contextlib
+
+import numpy as np
+import pandas as pd
 import streamlit as st
 
-st.header("algorithm_weighting")
-st.info("Coming soon.")
+from dashboard import charts, common, queries, recompute
+
+MAX_SCATTER_POINTS = 4000
+
+selection = common.require_selection()
+logs, run, step = selection.logs_dir, selection.run, selection.step
+st.header("Algorithm weighting")
+st.caption("The logged log-probs and advantages of one group (or the whole step) are fed to each algorithm's "
+           "objective from `engine.objectives`: gradient weight = −∂loss/∂log π per token.")
+
+summary = common.load("the groups", queries.group_summary, logs, run, step)
+rollouts = common.load("the rollouts", queries.step_rollouts, logs, run, step, "train")
+if summary.empty:
+    st.info(f"Step {step} of {run} has no train groups.")
+    st.stop()
+
+# ---------------------------------------------------------------- what to weigh
+group_ids = [int(g) for g in summary["group_id"]]
+mixed = summary[summary["outcome"] == "mixed"]["group_id"]
+first_mixed = int(mixed.iloc[0]) if len(mixed) else group_ids[0]  # a group with signal is the useful default
+outcome_of = dict(zip(summary["group_id"], summary["outcome"], strict=True))
+c1, c2, c3 = st.columns([2, 3, 2])
+scope = c1.radio("Tokens of", ["one group", "the whole step"], horizontal=True, key="weigh_scope")
+group_id = None
+if scope == "one group":
+    group_id, _ = common.initial_value("weigh_group", "group", int, group_ids, first_mixed)
+    st.session_state["weigh_group"] = group_id
+    group_id = c2.selectbox("Group", group_ids, key="weigh_group",
+                            format_func=lambda g: f"group {g} · {outcome_of[g]}")
+common.set_url_value("group", group_id)
+passes = common.load("the passes", queries.step_passes, logs, run, step)
+pass_ = None
+if passes:
+    pass_, _ = common.initial_value("weigh_pass", "pass", int, passes, passes[-1])
+    st.session_state["weigh_pass"] = pass_
+    pass_ = c3.selectbox("Log-probs of pass", passes, key="weigh_pass",
+                         help="the new log-probs of this optimisation pass give the ratios; pass 0 has ratio 1")
+else:
+    c3.caption("No pass logged: ratios are 1.")
+common.set_url_value("pass", pass_)
+
+chosen = rollouts if group_id is None else rollouts[rollouts["group_id"] == group_id]
+rollout_ids = tuple(int(r) for r in chosen["rollout_id"])
+tokens = common.load("the tokens", queries.rollout_tokens, logs, run, step, rollout_ids, pass_)
+if tokens.empty:
+    st.info("No tokens logged for these rollouts.")
+    st.stop()
+
+# ---------------------------------------------------------------- knobs
+st.markdown("**Knobs** (edit a cell: every chart below is recomputed at once; start from the authors' defaults)")
+knob_table = st.data_editor(
+    recompute.author_knobs(), hide_index=True, disabled=["algorithm"], key="weigh_knobs",
+    column_config={k: st.column_config.NumberColumn(k, min_value=0.0, max_value=10.0, step=1e-4, format="%.4g")
+                   for k in recompute.KNOBS},
+)
+
+
+@st.cache_data(ttl=queries.STEP_TTL, show_spinner="Asking each objective…", max_entries=32)
+def weigh_all(tokens: pd.DataFrame, knobs: tuple) -> tuple[dict, dict]:
+    """algorithm -> Weighting, and algorithm -> error message for knobs the objective refuses."""
+    batch = recompute.batch_from_tokens(tokens)
+    results, errors = {}, {}
+    for algo, overrides in knobs:
+        try:
+            results[algo] = recompute.weigh(batch, algo, dict(overrides))
+        except ValueError as error:
+            errors[algo] = str(error)
+    return results, errors
+
+
+@st.cache_data(ttl=queries.STEP_TTL, show_spinner=False, max_entries=32)
+def regions_for(knobs: tuple, ratio_max: float, adv_max: float) -> dict:
+    out = {}
+    for algo, overrides in knobs:
+        with contextlib.suppress(ValueError):  # refused knobs are already reported above
+            out[algo] = recompute.clip_region(algo, dict(overrides), ratio_max, adv_max)
+    return out
+
+
+knobs = tuple(
+    (row["algorithm"], tuple((k, float(row[k])) for k in recompute.KNOBS if pd.notna(row[k])))
+    for _, row in knob_table.iterrows()
+)
+results, errors = weigh_all(tokens, knobs)
+for algo, message in errors.items():
+    st.error(f"{algo}: {message}")
+if not results:
+    st.stop()
+
+batch_ids = sorted(int(r) for r in tokens["rollout_id"].unique())
+info = chosen.set_index("rollout_id").loc[batch_ids]
+labels = [f"r{rid} g{g}#{i} A={a:+.2f}" for rid, g, i, a in
+          zip(batch_ids, info["group_id"], info["index_in_group"], info["advantage"], strict=True)]
+
+# ---------------------------------------------------------------- charts
+st.subheader("Gradient weight per token")
+st.plotly_chart(charts.weight_heatmaps({a: w.grad_weight for a, w in results.items()}, labels),
+                key="weight_heatmaps")
+
+left, right = st.columns(2)
+lengths = info["length"].to_numpy()
+totals = pd.DataFrame([
+    {"algorithm": algo, "completion": label, "length": int(n), "advantage": float(a), "total_weight": float(t)}
+    for algo, w in results.items()
+    for label, n, a, t in zip(labels, lengths, info["advantage"], w.total_weight, strict=True)
+])
+left.markdown("**Total weight of each completion against its length** (length bias)")
+left.plotly_chart(charts.total_weight_vs_length(totals), key="total_weight_vs_length")
+fractions = pd.DataFrame([recompute.clip_fraction_row(a, w) for a, w in results.items()])
+right.markdown("**Clip decisions** (fraction of tokens)")
+right.plotly_chart(charts.clip_fractions(fractions), key="clip_fractions")
+right.dataframe(fractions, hide_index=True, key="clip_table",
+                column_config={c: st.column_config.NumberColumn(c, format="%.3f") for c in fractions.columns[1:]})
+
+st.subheader("Where each algorithm clips: ratio × advantage")
+ratios = {a: w.ratio[np.isfinite(w.ratio)] for a, w in results.items()}
+advantage = recompute.batch_from_tokens(tokens).advantages.numpy()
+on = np.isfinite(next(iter(results.values())).ratio)
+adv_points = advantage[on]
+ratio_max = float(max(2.0, 1.1 * max((r.max() for r in ratios.values() if r.size), default=2.0)))
+adv_max = float(max(1.0, 1.1 * np.abs(adv_points).max())) if adv_points.size else 1.0
+scatter = {}
+for algo, w in results.items():
+    points = pd.DataFrame({"ratio": w.ratio[on], "advantage": adv_points})
+    scatter[algo] = points.sample(MAX_SCATTER_POINTS, random_state=0) if len(points) > MAX_SCATTER_POINTS else points
+st.plotly_chart(charts.clip_regions(regions_for(knobs, round(ratio_max, 2), round(adv_max, 2)), scatter),
+                key="clip_regions")
+st.caption("Shaded: the objective's decision for a single token at that ratio and advantage (blue: clipped low, "
+           "zero gradient; red: clipped high, zero gradient; purple: capped with the gradient kept). Dots: this "
+           "batch's tokens at the ratio each algorithm uses (GSPO: the sequence ratio).")
+with st.expander("Resolved hyper-parameters"):
+    st.dataframe(pd.DataFrame({a: {k: str(v) for k, v in w.params.items()} for a, w in results.items()}),
+                 key="resolved_params")

@@ -1,6 +1,87 @@
-"""Placeholder."""
+"""Groups: every group of one step, its G completions side by side with rewards, advantages and filtering marks."""
+
+from __future__ import annotations
 
 import streamlit as st
 
-st.header("groups")
-st.info("Coming soon.")
+from dashboard import common, queries
+
+GROUPS_PER_PAGE = 8
+COLUMNS_PER_ROW = 4
+
+selection = common.require_selection()
+logs, run, step = selection.logs_dir, selection.run, selection.step
+st.header("Groups")
+
+summary = common.load("the groups", queries.group_summary, logs, run, step)
+rollouts = common.load("the rollouts", queries.step_rollouts, logs, run, step, "train")
+if summary.empty:
+    st.info(f"Step {step} of {run} has no train groups.")
+    st.stop()
+
+# ---------------------------------------------------------------- filter and sort
+SORTS = {
+    "group id": ("group_id", True), "reward mean (high first)": ("reward_mean", False),
+    "reward mean (low first)": ("reward_mean", True), "reward std (high first)": ("reward_std", False),
+    "largest |advantage|": ("max_abs_advantage", False), "mean length (long first)": ("length_mean", False),
+}
+c1, c2, c3, c4 = st.columns([2, 2, 2, 3])
+outcomes = c1.multiselect("Outcome", ["mixed", "all correct", "all wrong"], default=[], placeholder="any outcome")
+kept = c2.selectbox("Dynamic sampling", ["all groups", "kept", "filtered"])
+sort_by = c3.selectbox("Sort by", list(SORTS))
+search = c4.text_input("Search prompts and completions", placeholder="text, e.g. x = 2")
+
+shown = summary
+if outcomes:
+    shown = shown[shown["outcome"].isin(outcomes)]
+if kept != "all groups":
+    shown = shown[shown["filtered"].fillna(False) == (kept == "filtered")]
+if search:
+    hits = rollouts[rollouts["prompt"].str.contains(search, case=False, regex=False)
+                    | rollouts["completion"].str.contains(search, case=False, regex=False)]
+    shown = shown[shown["group_id"].isin(hits["group_id"])]
+column, ascending = SORTS[sort_by]
+shown = shown.sort_values([column, "group_id"], ascending=[ascending, True])
+
+filtered_count = int(summary["filtered"].fillna(False).sum())
+st.caption(
+    f"{len(shown)} of {len(summary)} groups shown · {filtered_count} dropped by dynamic sampling at this step"
+    + (f" ({', '.join(f'{k}: {v}' for k, v in summary['filter_reason'].value_counts().items())})"
+       if filtered_count else "")
+)
+st.dataframe(
+    shown.drop(columns=["max_abs_advantage"]), hide_index=True, key="group_table",
+    column_config={
+        "reward_mean": st.column_config.NumberColumn("reward mean", format="%.3f"),
+        "reward_std": st.column_config.NumberColumn("reward std", format="%.3f"),
+        "accuracy": st.column_config.NumberColumn("accuracy", format="%.2f"),
+        "length_mean": st.column_config.NumberColumn("mean length", format="%.1f"),
+    },
+)
+if shown.empty:
+    st.stop()
+
+# ---------------------------------------------------------------- the groups, one page at a time
+pages = max(1, -(-len(shown) // GROUPS_PER_PAGE))
+page = st.number_input("Page", 1, pages, 1, key="group_page") if pages > 1 else 1
+for group in shown.iloc[(page - 1) * GROUPS_PER_PAGE: page * GROUPS_PER_PAGE].itertuples(index=False):
+    members = rollouts[rollouts["group_id"] == group.group_id].sort_values("index_in_group")
+    mark = f" · **dropped** ({group.filter_reason})" if group.filtered else ""
+    with st.container(border=True):
+        st.markdown(f"**Group {group.group_id}** · {group.outcome} · reward mean {group.reward_mean:.3f}, "
+                    f"std {group.reward_std:.3f}{mark}")
+        st.text(f"{group.prompt}   (answer: {group.answer})")
+        for start in range(0, len(members), COLUMNS_PER_ROW):
+            columns = st.columns(COLUMNS_PER_ROW)
+            for column, r in zip(columns, members.iloc[start: start + COLUMNS_PER_ROW].itertuples(index=False),
+                                 strict=False):
+                flags = [f for f, on in (("✂ truncated", r.truncated), ("⊘ filtered", r.filtered)) if on]
+                column.markdown(f"**#{r.index_in_group}** · A **{r.advantage:+.3f}** · {r.length} tok"
+                                + (" · " + " ".join(flags) if flags else ""))
+                column.caption(f"reward {r.reward:.3g} = correct {r.reward_correct:.3g}"
+                               + ("" if r.reward_process != r.reward_process else f" + process {r.reward_process:.3g}")
+                               + f" + length {r.reward_length:.3g}")
+                # st.code escapes its text and keeps whitespace and newlines as they are.
+                column.code(r.completion, language=None, wrap_lines=True)
+                column.page_link("app_pages/token_inspector.py", label="tokens", icon=":material/text_fields:",
+                                 query_params={"run": run, "step": step, "rollout": int(r.rollout_id)})
