@@ -20,6 +20,8 @@ How the behaviour the issue asks for is obtained:
 1. A step is visible all at once: its files are written into ``data/.tmp-...`` and the directory is renamed to
    ``step-<S>.rank<R>`` in one ``os.rename``. Readers list directories themselves (not a DuckDB glob), so they only
    ever see whole steps. Killing the writer (SIGKILL included) leaves at most a ``.tmp-`` folder behind.
+   Encoding happens on one writer thread, at most one step behind the caller (the next ``log_step`` waits for
+   it), so a kill loses at most the step being written; ``flush()``/``close()`` wait for it.
 2. Many steps stay fast to query: after ``compact_every`` step folders the writer merges them into one chunk
    folder (files sorted by step, rollout, position, so row-group statistics prune a one-rollout query), renames it
    into place, then deletes the step folders. A reader that lists both prefers the chunk; a reader whose view still
@@ -76,7 +78,8 @@ import socket
 import threading
 import time
 import uuid
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -500,7 +503,16 @@ class RunWriter:
     (finished on normal exit, stopped on KeyboardInterrupt, crashed on any other exception).
     """
 
-    def __init__(self, logs_dir: Path, name: str, rank: int, meta: dict, lock: _WriterLock, compact_every: int):
+    def __init__(
+        self,
+        logs_dir: Path,
+        name: str,
+        rank: int,
+        meta: dict,
+        lock: _WriterLock,
+        compact_every: int = 32,
+        background: bool = True,
+    ):
         self.logs_dir = Path(logs_dir)
         self.name = name
         self.rank = rank
@@ -514,6 +526,10 @@ class RunWriter:
         segments = [s for s in _scan_segments(self.data_dir) if s.rank == rank]
         self.last_step: int | None = max((s.last for s in segments), default=None)
         self._closed = False
+        self._meta_lock = threading.Lock()
+        # Parquet encoding releases the GIL, so one writer thread overlaps it with the next training step.
+        self._executor = ThreadPoolExecutor(1, thread_name_prefix=f"runlog-{name}") if background else None
+        self._pending: Future | None = None
 
     # ---- opening
 
@@ -529,6 +545,7 @@ class RunWriter:
         model: str = "",
         rank: int = 0,
         compact_every: int = 32,
+        background: bool = True,
         wait_seconds: float = 60.0,
     ) -> RunWriter:
         """Start a new run (rank 0; error if it exists). Ranks > 0 join the run rank 0 creates (waiting for it)."""
@@ -571,13 +588,13 @@ class RunWriter:
                     f"run {name!r} already exists in {logs_dir}; pick another name or resume it"
                 ) from None
             lock.path = run_dir / lock.path.name
-            return cls(logs_dir, name, rank, meta, lock, compact_every)
+            return cls(logs_dir, name, rank, meta, lock, compact_every, background)
         deadline = time.monotonic() + wait_seconds
         while not (run_dir / "run.json").exists():
             if time.monotonic() > deadline:
                 raise RunLogError(f"rank {rank}: run {name!r} was not created by rank 0 within {wait_seconds:.0f} s")
             time.sleep(0.05)
-        return cls.resume(logs_dir, name, rank=rank, compact_every=compact_every)
+        return cls.resume(logs_dir, name, rank=rank, compact_every=compact_every, background=background)
 
     @classmethod
     def resume(
@@ -588,6 +605,7 @@ class RunWriter:
         rank: int = 0,
         truncate_after: int | None = None,
         compact_every: int = 32,
+        background: bool = True,
     ) -> RunWriter:
         """Continue a run after its last complete step (`last_step`), e.g. after a crash.
 
@@ -607,7 +625,7 @@ class RunWriter:
                     shutil.rmtree(entry.path, ignore_errors=True)
             if truncate_after is not None:
                 _truncate(data_dir, rank, truncate_after, name)
-            writer = cls(logs_dir, name, rank, meta, lock, compact_every)
+            writer = cls(logs_dir, name, rank, meta, lock, compact_every, background)
         except BaseException:
             lock.release()
             raise
@@ -643,6 +661,8 @@ class RunWriter:
 
         `metrics` fills one `steps` row (contract names as columns, any other key into the JSON `extra` column);
         `step_seconds` defaults to the time since the previous `log_step`. Rank 0 always writes a `steps` row.
+        The tables are converted (and checked) here; encoding and writing happen on the writer thread while the
+        caller goes on training (`background=False` writes before returning). Call `flush()` to wait.
         """
         if self._closed:
             raise RunLogError(f"run {self.name!r}: log_step after close")
@@ -669,80 +689,163 @@ class RunWriter:
             wall = wall_time if wall_time is not None else metrics.pop("wall_time", now - self._created_unix)
             tables["steps"] = _steps_row(metrics, self.name, step, wall, step_seconds)
 
-        final = self.data_dir / f"step-{step:09d}.rank{self.rank}"
-        tmp = self.data_dir / f".tmp-step-{step:09d}.rank{self.rank}-{uuid.uuid4().hex[:8]}"
-        tmp.mkdir(parents=True)
-        for table, arrow in tables.items():
-            if arrow is not None:
-                pq.write_table(arrow, tmp / f"{table}.parquet", compression="zstd", row_group_size=_ROW_GROUP_ROWS)
-        os.rename(tmp, final)  # the commit point: the whole step appears at once
         self.last_step = step
         self._last_log_time = now
-        if self.rank == 0:
-            self._update_meta(last_step=step)
-        if self.compact_every > 0:
-            self._maybe_compact()
+        self._submit(self._write_step, step, tables)
+
+    def flush(self) -> None:
+        """Wait until every step passed to `log_step` is on disk (raises if writing one failed)."""
+        if self._pending is not None:
+            pending, self._pending = self._pending, None
+            try:
+                pending.result()
+            except Exception as err:
+                raise RunLogError(f"run {self.name!r}: writing a step failed: {err}") from err
 
     def set_status(self, status: str) -> None:
         """Record the run's status (only rank 0 writes run.json; other ranks ignore this)."""
         if status not in STATUSES:
             raise RunLogError(f"status must be one of {STATUSES}, got {status!r}")
+        self.flush()
         if self.rank == 0:
             self._update_meta(status=status)
 
     def close(self, status: str = "finished") -> None:
-        """Compact what is left, record `status` and release the writer lock. Safe to call twice."""
+        """Write what is pending, compact, record `status` and release the writer lock. Safe to call twice."""
         if self._closed:
             return
         try:
+            self.flush()
             if self.compact_every > 0:
                 self._maybe_compact(force=True)
             self.set_status(status)
         finally:
             self._closed = True
+            if self._executor is not None:
+                self._executor.shutdown(wait=True)
             self._lock.release()
 
     # ---- internals
 
+    def _submit(self, fn: Callable[..., None], *args: Any) -> None:
+        """Run `fn` on the writer thread, at most one step behind: the caller waits for the previous step."""
+        self.flush()
+        if self._executor is None:
+            fn(*args)
+        else:
+            self._pending = self._executor.submit(fn, *args)
+
+    def _write_step(self, step: int, tables: dict[str, pa.Table | None]) -> None:
+        final = self.data_dir / f"step-{step:09d}.rank{self.rank}"
+        tmp = self.data_dir / f".tmp-step-{step:09d}.rank{self.rank}-{uuid.uuid4().hex[:8]}"
+        tmp.mkdir(parents=True)
+        for table, arrow in tables.items():
+            if arrow is not None:
+                _write_parquet(arrow, tmp / f"{table}.parquet")
+        os.rename(tmp, final)  # the commit point: the whole step appears at once
+        if self.rank == 0:
+            self._update_meta(last_step=step)
+        if self.compact_every > 0:
+            self._maybe_compact()
+
     def _update_meta(self, **changes: Any) -> None:
-        self.meta.update(changes)
-        self.meta["updated_at"] = _iso(_now())
-        _write_json_atomic(self.run_dir / "run.json", self.meta)
+        with self._meta_lock:
+            self.meta.update(changes)
+            self.meta["updated_at"] = _iso(_now())
+            _write_json_atomic(self.run_dir / "run.json", self.meta)
 
     def _maybe_compact(self, force: bool = False) -> None:
-        """Merge this rank's step folders into one chunk once there are `compact_every` of them."""
+        """Merge this rank's step folders into a chunk once there are `compact_every` of them, and every
+        `_MERGE_FAN_IN` chunks of one size into one larger chunk, so the number of files (what a query pays
+        for) grows with the logarithm of the number of steps."""
         segments = [s for s in _scan_segments(self.data_dir) if s.rank == self.rank]
         steps = [s for s in segments if not s.is_chunk]
-        if len(steps) < (2 if force else self.compact_every):
-            return
-        seq = 1 + max((s.seq for s in segments), default=-1)
-        seq = max(seq, 1 + max((int(m[3]) for e in os.scandir(self.data_dir) if (m := _CHUNK_DIR_RE.match(e.name))),
-                               default=-1))
-        _merge(self.data_dir, steps, self.rank, seq)
+        if len(steps) >= (2 if force else self.compact_every):
+            _merge(self.data_dir, steps, self.rank, _next_seq(self.data_dir))
+        while True:
+            chunks = [s for s in _scan_segments(self.data_dir) if s.rank == self.rank and s.is_chunk]
+            by_level: dict[int, list[_Segment]] = {}
+            for c in chunks:
+                level, size = 0, self.compact_every * _MERGE_FAN_IN
+                while c.last - c.first + 1 >= size:
+                    level, size = level + 1, size * _MERGE_FAN_IN
+                by_level.setdefault(level, []).append(c)
+            full = [group for group in by_level.values() if len(group) >= _MERGE_FAN_IN]
+            if not full:
+                return
+            _merge(self.data_dir, sorted(full[0], key=lambda c: c.first), self.rank, _next_seq(self.data_dir))
+
+
+_MERGE_FAN_IN = 8
+# Strings and small integer keys repeat a lot; floats (log-probs, ratios) almost never do, and trying a
+# dictionary for them first costs time and bytes.
+_DICTIONARY_COLUMNS = ["run", "step", "kind", "filter_reason", "token_text", "pass", "clip", "prompt", "answer"]
+
+
+def _write_parquet(arrow: pa.Table, path: Path) -> None:
+    pq.write_table(
+        arrow,
+        path,
+        compression="zstd",
+        row_group_size=_ROW_GROUP_ROWS,
+        use_dictionary=[c for c in _DICTIONARY_COLUMNS if c in arrow.column_names],
+    )
+
+
+def _next_seq(data_dir: Path) -> int:
+    return 1 + max((int(m[3]) for e in os.scandir(data_dir) if (m := _CHUNK_DIR_RE.match(e.name))), default=-1)
 
 
 def _merge(data_dir: Path, segments: Sequence[_Segment], rank: int, seq: int, keep_up_to: int | None = None) -> None:
-    """Write the rows of `segments` (optionally only steps <= keep_up_to) as one chunk, then delete them."""
-    first = min(s.first for s in segments)
+    """Write the rows of `segments` (optionally only steps <= keep_up_to) as one chunk, then delete them.
+
+    Streams row groups through a ParquetWriter so memory stays bounded by a few row groups, whatever the size.
+    """
+    segments = sorted(segments, key=lambda s: s.first)
+    first = segments[0].first
     last = max(s.last for s in segments) if keep_up_to is None else keep_up_to
     name = f"chunk-{first:09d}-{last:09d}-{seq:06d}.rank{rank}"
     tmp = data_dir / f".tmp-chunk-{first:09d}.rank{rank}-{uuid.uuid4().hex[:8]}"
     tmp.mkdir()
     for table in DATA_TABLES:
-        parts = [s.path / f"{table}.parquet" for s in sorted(segments, key=lambda s: s.first)]
+        parts = [s.path / f"{table}.parquet" for s in segments]
         parts = [p for p in parts if p.exists()]
         if not parts:
             continue
-        # Segments are sorted by step and each file is sorted by the table's keys, so the concatenation is
-        # sorted too: no re-sort needed.
-        arrow = pa.concat_tables([pq.read_table(p, schema=TABLE_SCHEMAS[table]) for p in parts])
-        if keep_up_to is not None:
-            arrow = arrow.filter(pc.less_equal(arrow["step"], keep_up_to))
-        if arrow.num_rows:
-            pq.write_table(arrow, tmp / f"{table}.parquet", compression="zstd", row_group_size=_ROW_GROUP_ROWS)
+        schema = TABLE_SCHEMAS[table]
+        writer = None
+        buffer: list[pa.Table] = []
+        buffered = 0
+        # Segments are in step order and each file is sorted by the table's keys, so appending keeps the
+        # chunk sorted: no re-sort needed.
+        for part in parts:
+            source = pq.ParquetFile(part)
+            for i in range(source.num_row_groups):
+                piece = source.read_row_group(i)
+                if keep_up_to is not None:
+                    piece = piece.filter(pc.less_equal(piece["step"], keep_up_to))
+                buffer.append(piece)
+                buffered += piece.num_rows
+                if buffered >= _ROW_GROUP_ROWS:
+                    if writer is None:
+                        writer = _parquet_writer(tmp / f"{table}.parquet", schema)
+                    writer.write_table(pa.concat_tables(buffer), row_group_size=_ROW_GROUP_ROWS)
+                    buffer, buffered = [], 0
+        if buffered:
+            if writer is None:
+                writer = _parquet_writer(tmp / f"{table}.parquet", schema)
+            writer.write_table(pa.concat_tables(buffer), row_group_size=_ROW_GROUP_ROWS)
+        if writer is not None:
+            writer.close()
     os.rename(tmp, data_dir / name)  # from now on readers prefer the chunk to the folders it replaces
     for s in segments:
         _remove_tree(s.path)
+
+
+def _parquet_writer(path: Path, schema: pa.Schema) -> pq.ParquetWriter:
+    return pq.ParquetWriter(
+        path, schema, compression="zstd", use_dictionary=[c for c in _DICTIONARY_COLUMNS if c in schema.names]
+    )
 
 
 def _truncate(data_dir: Path, rank: int, keep_up_to: int, name: str) -> None:
@@ -753,7 +856,7 @@ def _truncate(data_dir: Path, rank: int, keep_up_to: int, name: str) -> None:
         m = _STEP_DIR_RE.match(entry.name)
         if m and int(m[2]) == rank and int(m[1]) > keep_up_to:
             _remove_tree(Path(entry.path))
-    seq = 1 + max((int(m[3]) for e in os.scandir(data_dir) if (m := _CHUNK_DIR_RE.match(e.name))), default=-1)
+    seq = _next_seq(data_dir)
     for s in segments:
         if s.is_chunk and s.first > keep_up_to:
             _remove_tree(s.path)
