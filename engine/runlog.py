@@ -426,23 +426,6 @@ def _effective_status(run_dir: Path, meta: dict) -> str:
     return "running" if held else "crashed"
 
 
-@dataclasses.dataclass
-class RunInfo:
-    """One run as `list_runs` sees it (status already corrected for dead writers)."""
-
-    name: str
-    run_id: str
-    algorithm: str
-    task: str
-    status: str
-    created_at: dt.datetime | None
-    updated_at: dt.datetime | None
-    last_step: int | None
-    model: str
-    config: dict
-    path: Path
-
-
 def _parse_time(value: Any) -> dt.datetime | None:
     try:
         return dt.datetime.fromisoformat(value)
@@ -450,25 +433,27 @@ def _parse_time(value: Any) -> dt.datetime | None:
         return None
 
 
-def _run_info(run_dir: Path, meta: dict, last_step: int | None) -> RunInfo:
+def _run_info(run_dir: Path, meta: dict, last_step: int | None) -> dict[str, Any]:
+    """One row of the `runs` table as a dict (status already corrected for dead writers)."""
     config = meta.get("config")
-    return RunInfo(
-        name=run_dir.name,
-        run_id=str(meta.get("run_id", "")),
-        algorithm=str(meta.get("algorithm", "")),
-        task=str(meta.get("task", "")),
-        status=_effective_status(run_dir, meta),
-        created_at=_parse_time(meta.get("created_at")),
-        updated_at=_parse_time(meta.get("updated_at")),
-        last_step=last_step,
-        model=str(meta.get("model", "")),
-        config=config if isinstance(config, dict) else {},
-        path=run_dir,
-    )
+    return {
+        "run": run_dir.name,
+        "run_id": str(meta.get("run_id", "")),
+        "algorithm": str(meta.get("algorithm", "")),
+        "task": str(meta.get("task", "")),
+        "created_at": _parse_time(meta.get("created_at")),
+        "updated_at": _parse_time(meta.get("updated_at")),
+        "status": _effective_status(run_dir, meta),
+        "config": config if isinstance(config, dict) else {},
+        "model": str(meta.get("model", "")),
+        "last_step": last_step,
+    }
 
 
-def list_runs(logs_dir: str | os.PathLike, problems: list[str] | None = None) -> list[RunInfo]:
-    """The runs under `logs_dir`, newest first. Unreadable runs are skipped (and described in `problems`)."""
+def list_runs(logs_dir: str | os.PathLike, problems: list[str] | None = None) -> list[dict[str, Any]]:
+    """The runs under `logs_dir`, oldest first, as dicts with the columns of the `runs` table (`config` as a
+    dict, `last_step` the last step on disk). Quick: reads run.json files and folder names, no Parquet.
+    Unreadable runs are skipped (and described in `problems` if a list is given)."""
     root = Path(logs_dir)
     runs = []
     try:
@@ -489,7 +474,7 @@ def list_runs(logs_dir: str | os.PathLike, problems: list[str] | None = None) ->
         segments = _scan_segments(run_dir / "data")
         last = max((s.last for s in segments), default=None)
         runs.append(_run_info(run_dir, meta, last))
-    runs.sort(key=lambda r: r.created_at or dt.datetime.min, reverse=True)
+    runs.sort(key=lambda r: (r["created_at"] or dt.datetime.min, r["run"]))
     return runs
 
 
@@ -955,10 +940,8 @@ class RunReader:
                     self._collect(seg, files, problems)
                 last = max((s.last for s in segments), default=None)
                 info = _run_info(run_dir, meta, last)
-                runs_rows.append(
-                    (info.name, info.run_id, info.algorithm, info.task, info.created_at, info.updated_at, info.status,
-                     json.dumps(info.config), info.model, info.last_step)
-                )
+                info["config"] = json.dumps(info["config"])
+                runs_rows.append(tuple(info[name] for name in RUNS_SCHEMA.names))
             problems.extend(f"{path}: {msg} (skipped)" for path, msg in self._quarantined.items())
             self.problems = problems
             changed = False
