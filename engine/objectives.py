@@ -369,7 +369,8 @@ def _surrogate(kind, log_rho, adv, p, eps_low, eps_high):
         return loss, h, codes.to(torch.int8)
 
     if kind == "sapo":
-        tau = torch.where(pos, p["tau_pos"], p["tau_neg"]).to(r.dtype)  # (B, T)
+        # build tau in r's dtype: torch.where on Python floats would round 1.05 through float32
+        tau = torch.where(pos, torch.full_like(r, p["tau_pos"]), torch.full_like(r, p["tau_neg"]))  # (B, T)
         gate = torch.sigmoid(tau * (rho - 1.0))  # (B, T)
         loss = -adv * gate * 4.0 / tau  # -A f(r)
         g = gate.detach()
@@ -503,8 +504,8 @@ def policy_loss(
         q = torch.nanquantile(ent, float(p["entropy_quantile"]), dim=-1, keepdim=True)  # (B, 1), NaN if empty
         high_ent = ent > q  # (B, T) NaN compares False
         eps_e = float(p["eps_high_entropy"])
-        eps_low = torch.where(high_ent, eps_e, eps_low).to(dtype)  # (B, T)
-        eps_high = torch.where(high_ent, eps_e, eps_high).to(dtype)  # (B, T)
+        eps_low = torch.where(high_ent, torch.full_like(d, eps_e), torch.full_like(d, eps_low))  # (B, T)
+        eps_high = torch.where(high_ent, torch.full_like(d, eps_e), torch.full_like(d, eps_high))  # (B, T)
 
     # ---- ratio -> surrogate -> aggregation
     log_rho, spread, level_codes = _ratio_level(
