@@ -97,11 +97,14 @@ class Task:
         return "\n".join(problem.solution)
 
     def outcome_reward(self, problem: Problem, completion: str) -> float:
-        """1.0 if the last non-empty line (surrounding whitespace ignored) is exactly the answer line, else 0.0."""
+        """1.0 if the last non-empty line, spaces removed, is exactly the answer line (e.g. `x=2`), else 0.0.
+
+        Exact means canonical: `x=4/2` or `2=x` score 0 here (the process reward still credits them as steps).
+        """
         lines = split_lines(completion)
         if not lines:
             return 0.0
-        return 1.0 if lines[-1][2].strip() == self.answer_line(problem) else 0.0
+        return 1.0 if "".join(lines[-1][2].split()) == self.answer_line(problem) else 0.0
 
     def process_reward(self, problem: Problem, completion: str) -> list[StepScore]:
         """Score every non-empty line of `completion` with the exact step verifier (see the module docstring)."""
