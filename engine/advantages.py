@@ -16,12 +16,18 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from itertools import pairwise
+from numbers import Integral
 
 import torch
 
 __all__ = ["STD_EPS", "gae_advantages", "group_advantages", "masked_whiten", "process_advantages"]
 
 STD_EPS = 1e-6  # added to the std before dividing (verl uses the same constant)
+
+
+def _is_int(v) -> bool:
+    """Python or NumPy integer, not bool."""
+    return isinstance(v, Integral) and not isinstance(v, bool)
 
 
 def _normalize(x: torch.Tensor, scale_by_std: bool = True) -> torch.Tensor:
@@ -47,7 +53,7 @@ def group_advantages(rewards: torch.Tensor | Sequence[float], group_size: int, s
         r = r.to(torch.get_default_dtype())
     if r.dim() != 1:
         raise ValueError(f"rewards has shape {tuple(r.shape)}; accepted: a 1-d (N,) tensor or list")
-    if isinstance(group_size, bool) or not isinstance(group_size, int) or group_size < 1:
+    if not _is_int(group_size) or group_size < 1:
         raise ValueError(f"group_size = {group_size!r} is invalid; accepted: an int >= 1")
     N = r.shape[0]
     if N % group_size != 0:
@@ -79,14 +85,14 @@ def process_advantages(
         )
     for i in range(G):
         n, ends = lengths[i], list(step_ends[i])
-        if isinstance(n, bool) or not isinstance(n, int) or n < 0:
+        if not _is_int(n) or n < 0:
             raise ValueError(f"lengths[{i}] = {n!r} is invalid; accepted: an int >= 0")
         if len(ends) != len(step_rewards[i]):
             raise ValueError(
                 f"completion {i} has {len(step_rewards[i])} step rewards but {len(ends)} step ends; accepted: one "
                 "end index per step"
             )
-        if any(not isinstance(e, int) or e < 0 or e >= n for e in ends) or any(a >= b for a, b in pairwise(ends)):
+        if any(not _is_int(e) or e < 0 or e >= n for e in ends) or any(a >= b for a, b in pairwise(ends)):
             raise ValueError(
                 f"step_ends[{i}] = {ends} is invalid for a completion of {n} tokens; accepted: strictly increasing "
                 f"ints in [0, {n - 1}]"
@@ -96,12 +102,12 @@ def process_advantages(
         raise ValueError("step_rewards contain NaN or inf; accepted: finite values only")
     normed = _normalize(flat[None, :])[0] if flat.numel() > 0 else flat  # (K,) all steps of the group together
 
-    T = max(lengths)
+    T = int(max(lengths))
     out = torch.zeros(G, T, dtype=torch.float64)  # (G, T)
     k = 0
     for i in range(G):
         for end in step_ends[i]:
-            out[i, : end + 1] += normed[k]  # this step's reward reaches every token at or before its end
+            out[i, : int(end) + 1] += normed[k]  # this step's reward reaches every token at or before its end
             k += 1
     return out.to(torch.get_default_dtype())
 

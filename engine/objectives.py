@@ -66,6 +66,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from numbers import Integral, Real
 from typing import Any
 
 import torch
@@ -402,7 +403,7 @@ def _check_tensor(name: str, x: Any, shape: tuple[int, ...] | None, allow_1d: bo
 
 
 def _is_number(v: Any) -> bool:
-    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+    return isinstance(v, Real) and not isinstance(v, bool) and math.isfinite(v)
 
 
 def _resolve(obj: Objective, overrides: dict[str, Any]) -> dict[str, Any]:
@@ -428,7 +429,7 @@ def _resolve(obj: Objective, overrides: dict[str, Any]) -> dict[str, Any]:
     if p["aggregation"] not in AGGREGATIONS:
         raise ValueError(f"unknown aggregation {p['aggregation']!r}; accepted: {', '.join(AGGREGATIONS)}")
     if p["max_len"] is not None and not (
-        isinstance(p["max_len"], int) and not isinstance(p["max_len"], bool) and p["max_len"] > 0
+        isinstance(p["max_len"], Integral) and not isinstance(p["max_len"], bool) and p["max_len"] > 0
     ):
         raise ValueError(f"max_len = {p['max_len']!r} is invalid; accepted: None (= T) or an int > 0")
     if "dual_clip" in p and not (_is_number(p["dual_clip"]) and p["dual_clip"] > 1):

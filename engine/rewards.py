@@ -12,14 +12,21 @@ The paper uses L_max = 20480, L_cache = 4096. No departures.
 
 from __future__ import annotations
 
+from numbers import Integral
+
 import torch
 
 __all__ = ["overlong_penalty", "overlong_penalty_tensor"]
 
 
+def _is_int(v) -> bool:
+    """Python or NumPy integer, not bool."""
+    return isinstance(v, Integral) and not isinstance(v, bool)
+
+
 def _check(max_len: int, cache_len: int) -> None:
     for name, v in (("max_len", max_len), ("cache_len", cache_len)):
-        if isinstance(v, bool) or not isinstance(v, int) or v <= 0:
+        if not _is_int(v) or v <= 0:
             raise ValueError(f"{name} = {v!r} is invalid; accepted: an int > 0")
     if cache_len > max_len:
         raise ValueError(f"cache_len = {cache_len} exceeds max_len = {max_len}; accepted: 0 < cache_len <= max_len")
@@ -28,13 +35,13 @@ def _check(max_len: int, cache_len: int) -> None:
 def overlong_penalty(length: int, max_len: int, cache_len: int) -> float:
     """DAPO's soft overlong punishment (eq. 13) for a completion of `length` tokens: 0, a linear ramp to -1, -1."""
     _check(max_len, cache_len)
-    if isinstance(length, bool) or not isinstance(length, int) or length < 0:
+    if not _is_int(length) or length < 0:
         raise ValueError(f"length = {length!r} is invalid; accepted: an int >= 0")
     start = max_len - cache_len  # the last length that is never punished
     if length <= start:
         return 0.0
     if length <= max_len:
-        return (start - length) / cache_len
+        return float(start - length) / cache_len
     return -1.0
 
 
