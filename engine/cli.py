@@ -31,6 +31,50 @@ def run_train(args: argparse.Namespace) -> int:
 
 
 # ---------------------------------------------------------------- runs / sql / export
+# These read runs through engine.runlog.RunReader: an in-memory DuckDB with views over the run's Parquet files,
+# so they work while a run trains and never write into a run folder. Bad input exits with code 2.
+
+
+def _fail(command: str, message: object) -> int:
+    print(f"policylens {command}: error: {message}", file=sys.stderr)
+    return 2
+
+
+def _warn_problems(command: str, problems: list[str]) -> None:
+    for problem in problems:
+        print(f"policylens {command}: warning: {problem}", file=sys.stderr)
+
+
+def _format_cell(value) -> str:
+    if hasattr(value, "tolist"):  # numpy scalars and arrays
+        value = value.tolist()
+    if isinstance(value, (list, tuple)):
+        return "[" + ", ".join(_format_cell(v) for v in value) + "]"
+    if value is None or (isinstance(value, float) and value != value):
+        return "NULL"
+    if isinstance(value, float):
+        return f"{value:.4g}"
+    text = str(value).replace("\n", "\\n")
+    return text if len(text) <= 80 else text[:77] + "..."
+
+
+def _print_rows(columns: list[str], rows: list, max_rows: int = 0) -> None:
+    """Print a result as a plain text table (NULL for missing values), at most `max_rows` rows if > 0."""
+    shown = rows if max_rows <= 0 else rows[:max_rows]
+    cells = [[_format_cell(v) for v in row] for row in shown]
+    widths = [max([len(c), *(len(row[i]) for row in cells)]) for i, c in enumerate(columns)]
+    numeric = [all(isinstance(row[i], (int, float)) or row[i] is None for row in shown) for i in range(len(columns))]
+
+    def line(values: list[str]) -> str:
+        return "  ".join(v.rjust(w) if num else v.ljust(w) for v, w, num in zip(values, widths, numeric, strict=True))
+
+    print(line(list(columns)).rstrip())
+    print("  ".join("-" * w for w in widths))
+    for row in cells:
+        print(line(row).rstrip())
+    if len(shown) < len(rows):
+        print(f"... {len(rows) - len(shown)} more rows (use --max-rows 0 to show all)")
+    print(f"({len(rows)} row{'s' if len(rows) != 1 else ''})")
 
 
 def add_runs_command(subparsers) -> None:
@@ -40,27 +84,161 @@ def add_runs_command(subparsers) -> None:
 
 
 def run_runs(args: argparse.Namespace) -> int:
-    raise SystemExit("policylens runs: not available yet")
+    from engine.runlog import RunLogError, RunReader
+
+    try:
+        reader = RunReader(args.logs_dir)
+    except RunLogError as err:
+        return _fail("runs", err)
+    _warn_problems("runs", reader.problems)
+    columns, rows = reader.rows(
+        """
+        SELECT r.run AS name, r.algorithm, r.task, r.status, coalesce(s.steps, 0) AS steps,
+               s.heldout_accuracy AS "held-out acc", s.heldout_step AS "at step"
+        FROM runs r
+        LEFT JOIN (
+            SELECT run, count(*) AS steps,
+                   arg_max(heldout_accuracy, step) FILTER (WHERE heldout_accuracy IS NOT NULL) AS heldout_accuracy,
+                   max(step) FILTER (WHERE heldout_accuracy IS NOT NULL) AS heldout_step
+            FROM steps GROUP BY run
+        ) s USING (run)
+        ORDER BY r.created_at, r.run
+        """
+    )
+    reader.close()
+    if not rows:
+        print(f"no runs in {args.logs_dir} (start one with `policylens train` or `policylens demo`)")
+        return 0
+    _print_rows(columns, rows)
+    return 0
 
 
 def add_sql_command(subparsers) -> None:
-    parser = subparsers.add_parser("sql", help="query a run with SQL")
+    parser = subparsers.add_parser(
+        "sql",
+        help="query a run with SQL (tables: runs, steps, rollouts, tokens, token_passes, prm_steps)",
+        description="Run one SQL query on a run's tables, or, without a query, read statements ending in ';' "
+        "from an interactive prompt (or from stdin). The tables hold this run only.",
+    )
     _add_logs_dir(parser)
+    parser.add_argument("run", help="run name (see `policylens runs`)")
+    parser.add_argument("query", nargs="?", help='e.g. "SELECT step, reward_mean FROM steps ORDER BY step"')
+    parser.add_argument("--max-rows", type=int, default=1000, help="rows to print at most (0: all; default 1000)")
     parser.set_defaults(func=run_sql)
 
 
 def run_sql(args: argparse.Namespace) -> int:
-    raise SystemExit("policylens sql: not available yet")
+    import duckdb
+
+    from engine.runlog import RunLogError, RunReader
+
+    try:
+        reader = RunReader(args.logs_dir, runs=[args.run])
+    except RunLogError as err:
+        return _fail("sql", err)
+    _warn_problems("sql", reader.problems)
+    try:
+        if args.query is not None:
+            try:
+                _print_rows(*reader.rows(args.query), max_rows=args.max_rows)
+            except duckdb.Error as err:
+                return _fail("sql", err)
+            return 0
+        return _sql_prompt(reader, args.run, args.max_rows)
+    finally:
+        reader.close()
+
+
+def _sql_prompt(reader, run: str, max_rows: int) -> int:
+    """A small SQL prompt: statements end with ';'. Reads stdin without a prompt when it is not a terminal
+    (then exits with 2 if a statement failed, so scripts notice)."""
+    import contextlib
+
+    import duckdb
+
+    interactive = sys.stdin.isatty()
+    if interactive:
+        with contextlib.suppress(ImportError):
+            import readline  # noqa: F401  (line editing and history for input())
+        print(f"policylens sql: run {run!r}. Tables: runs, steps, rollouts, tokens, token_passes, prm_steps.")
+        print("End statements with ';'.  .tables lists tables, .schema TABLE shows columns, .quit leaves.")
+    failed = False
+    buffer: list[str] = []
+    while True:
+        if interactive:
+            try:
+                line = input("...> " if buffer else "sql> ")
+            except EOFError:
+                print()
+                break
+            except KeyboardInterrupt:  # Ctrl-C drops the statement being typed, as in most shells
+                print()
+                buffer = []
+                continue
+        else:
+            line = sys.stdin.readline()
+            if not line:
+                break
+        stripped = line.strip()
+        if not buffer and stripped.startswith("."):
+            command, _, table = stripped.partition(" ")
+            if command in (".quit", ".exit"):
+                break
+            if command == ".tables":
+                print("runs  steps  rollouts  tokens  token_passes  prm_steps")
+                continue
+            if command != ".schema":
+                print(f"unknown command {command}: try .tables, .schema TABLE or .quit", file=sys.stderr)
+                failed = True
+                continue
+            stripped = f"DESCRIBE {table.strip() or 'tokens'};"
+        if stripped:
+            buffer.append(stripped)
+        if buffer and buffer[-1].endswith(";"):
+            statement, buffer = "\n".join(buffer), []
+            try:
+                _print_rows(*reader.rows(statement), max_rows=max_rows)
+            except duckdb.Error as err:
+                failed = True
+                print(f"error: {err}", file=sys.stderr)
+    if buffer:
+        print("policylens sql: ignored an unfinished statement (no ';')", file=sys.stderr)
+        failed = True
+    return 2 if failed and not interactive else 0
 
 
 def add_export_command(subparsers) -> None:
     parser = subparsers.add_parser("export", help="write one run into a self-contained .duckdb file")
     _add_logs_dir(parser)
+    parser.add_argument("run", help="run name (see `policylens runs`)")
+    parser.add_argument("file", help="the DuckDB file to write, e.g. my-run.duckdb")
+    parser.add_argument("--overwrite", action="store_true", help="replace FILE if it exists")
     parser.set_defaults(func=run_export)
 
 
 def run_export(args: argparse.Namespace) -> int:
-    raise SystemExit("policylens export: not available yet")
+    import duckdb
+
+    from engine.runlog import RunLogError, RunReader
+
+    target = Path(args.file)
+    if target.is_dir():
+        return _fail("export", f"{target} is a folder; give a file name such as {args.run}.duckdb")
+    if not target.parent.is_dir():
+        return _fail("export", f"folder {target.parent} does not exist")
+    try:
+        reader = RunReader(args.logs_dir, runs=[args.run])
+        _warn_problems("export", reader.problems)
+        reader.export(target, overwrite=args.overwrite)
+        _, [(steps, tokens)] = reader.rows("SELECT (SELECT count(*) FROM steps), (SELECT count(*) FROM tokens)")
+        reader.close()
+    except RunLogError as err:
+        hint = "; pass --overwrite to replace it" if target.exists() and not args.overwrite else ""
+        return _fail("export", f"{err}{hint}")
+    except (duckdb.Error, OSError) as err:
+        return _fail("export", err)
+    print(f"exported run {args.run!r} ({steps} steps, {tokens} token rows) to {target}")
+    return 0
 
 
 # ---------------------------------------------------------------- dashboard

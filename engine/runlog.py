@@ -81,13 +81,15 @@ import uuid
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import duckdb
-import pandas as pd
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
+
+if TYPE_CHECKING:  # pandas is imported only when a DataFrame is asked for: `policylens runs` starts faster
+    import pandas as pd
 
 try:  # POSIX only; elsewhere crash detection falls back to the heartbeat age
     import fcntl
@@ -229,7 +231,7 @@ def _to_arrow(table: str, data: Any, run: str, step: int) -> pa.Table | None:
     if data is None:
         return None
     schema = TABLE_SCHEMAS[table]
-    if isinstance(data, pd.DataFrame):
+    if type(data).__name__ == "DataFrame" and type(data).__module__.startswith("pandas"):
         arrow = pa.Table.from_pandas(data, preserve_index=False)
     elif isinstance(data, pa.Table):
         arrow = data
@@ -853,6 +855,16 @@ def _truncate(data_dir: Path, rank: int, keep_up_to: int, name: str) -> None:
 # ---------------------------------------------------------------- reader
 
 
+_DUCKDB_TYPES = {
+    pa.string(): "VARCHAR", pa.int64(): "BIGINT", pa.float64(): "DOUBLE", pa.bool_(): "BOOLEAN",
+    pa.int8(): "TINYINT", pa.list_(pa.float64()): "DOUBLE[]", pa.timestamp("us"): "TIMESTAMP",
+}
+
+
+def _duckdb_type(arrow_type: pa.DataType) -> str:
+    return _DUCKDB_TYPES[arrow_type]
+
+
 def _sql_str(value: str) -> str:
     return "'" + value.replace("'", "''") + "'"
 
@@ -882,8 +894,11 @@ class RunReader:
         self._meta_cache: dict[str, tuple[int, int, dict]] = {}
         self._views: dict[str, list[str]] = {}
         self._runs_rows: list | None = None
-        for table, schema in TABLE_SCHEMAS.items():
-            self._con.register(f"_empty_{table}", schema.empty_table())
+        # Plain SQL tables, not registered Python objects: registering makes DuckDB import pandas (1 s).
+        self._con.execute("CREATE SCHEMA _runlog")  # out of the way of users' SHOW TABLES
+        for table, schema in {**TABLE_SCHEMAS, "runs": RUNS_SCHEMA}.items():
+            columns = ", ".join(f'"{f.name}" {_duckdb_type(f.type)}' for f in schema)
+            self._con.execute(f"CREATE TABLE _runlog.empty_{table} ({columns})")
         if self.only is not None:
             for name in self.only:  # fail early and clearly for a run asked for by name
                 _read_run_json(self.logs_dir / name)
@@ -905,12 +920,19 @@ class RunReader:
             return self._con
 
     def sql(self, query: str, params: Sequence[Any] | Mapping[str, Any] | None = None) -> pd.DataFrame:
-        """Run a query on fresh views and return a DataFrame (retries once if compaction removed a file)."""
+        """Run a query on fresh views and return a DataFrame (retried if compaction removed a file meanwhile)."""
+        return self._run(query, params, lambda result: result.df())
+
+    def rows(self, query: str, params: Sequence[Any] | Mapping[str, Any] | None = None) -> tuple[list[str], list]:
+        """Like `sql` but returns (column names, list of row tuples), without pandas."""
+        return self._run(query, params, lambda result: ([d[0] for d in result.description], result.fetchall()))
+
+    def _run(self, query: str, params: Any, fetch: Callable[[duckdb.DuckDBPyConnection], Any]) -> Any:
         with self._lock:
             self.refresh()
             for attempt in range(4):
                 try:
-                    return self._con.execute(query, params).df()
+                    return fetch(self._con.execute(query, params))
                 except duckdb.Error as err:
                     if attempt == 3 or not self._handle_file_error(err):
                         raise
@@ -950,13 +972,11 @@ class RunReader:
                     self._create_view(table, paths)
                     changed = True
             if runs_rows != self._runs_rows:
-                arrays = list(zip(*runs_rows, strict=True)) if runs_rows else [[] for _ in RUNS_SCHEMA]
-                runs_table = pa.Table.from_arrays(
-                    [pa.array(list(col), f.type) for col, f in zip(arrays, RUNS_SCHEMA, strict=True)],
-                    schema=RUNS_SCHEMA,
-                )
-                self._con.register("_runs_table", runs_table)
-                self._con.execute("CREATE OR REPLACE VIEW runs AS SELECT * FROM _runs_table")
+                self._con.execute("CREATE OR REPLACE TABLE _runlog.runs AS SELECT * FROM _runlog.empty_runs")
+                if runs_rows:
+                    marks = ", ".join("?" * len(RUNS_SCHEMA))
+                    self._con.executemany(f"INSERT INTO _runlog.runs VALUES ({marks})", runs_rows)
+                self._con.execute("CREATE OR REPLACE VIEW runs AS SELECT * FROM _runlog.runs")
                 self._runs_rows = runs_rows
                 changed = True
             return changed
@@ -1038,7 +1058,7 @@ class RunReader:
             listing = ", ".join(_sql_str(p) for p in paths)
             source = f"read_parquet([{listing}])"
         else:  # an empty run, or no process-supervision steps: the right columns, no rows
-            source = f"_empty_{table}"
+            source = f"_runlog.empty_{table}"
         self._con.execute(f"CREATE OR REPLACE VIEW {table} AS SELECT * FROM {source}")
         self._views[table] = paths
 
@@ -1065,7 +1085,7 @@ class RunReader:
         """Write every table of this reader's runs into one self-contained DuckDB file (real tables, no views)."""
         path = Path(path)
         if path.exists() and not overwrite:
-            raise RunLogError(f"{path} already exists; choose another file or allow overwriting")
+            raise RunLogError(f"{path} already exists (left untouched)")
         tmp = path.with_name(f".tmp-{path.name}-{uuid.uuid4().hex[:8]}")
         with self._lock:
             self.refresh()
