@@ -171,20 +171,24 @@ def sandbox_advantages(advantages: np.ndarray, labels: list[str], lengths: list[
 def weight_heatmaps(weights: dict[str, np.ndarray], row_labels: list[str]) -> go.Figure:
     """Side-by-side heatmaps of gradient weight (B, T) per algorithm on one shared scale centred at 0."""
     names = list(weights)
-    rows, cols = _grid(len(names), cols=2)
+    rows, cols = _grid(len(names), cols=3)
     finite = np.concatenate([w[np.isfinite(w)].ravel() for w in weights.values()] or [np.zeros(1)])
     spread = float(np.abs(finite).max()) if finite.size else 1.0
     spread = spread or 1.0
-    fig = make_subplots(rows=rows, cols=cols, subplot_titles=names, vertical_spacing=0.1, horizontal_spacing=0.06)
+    row_height = 40 + 16 * len(row_labels)  # pixels per subplot row, so labels stay readable for any B
+    height = rows * (row_height + 70) + 40
+    fig = make_subplots(rows=rows, cols=cols, subplot_titles=names, vertical_spacing=70 / height,
+                        horizontal_spacing=0.03, shared_yaxes=True)
     for i, name in enumerate(names):
         fig.add_trace(
             go.Heatmap(z=weights[name], y=row_labels, colorscale="RdBu", zmid=0, zmin=-spread, zmax=spread,
-                       showscale=i == 0, colorbar={"title": "grad weight", "len": 0.6},
+                       showscale=i == 0, colorbar={"title": {"text": "grad weight", "side": "right"}, "len": 0.8},
                        hovertemplate=name + "<br>%{y} token %{x}<br>weight %{z:.3g}<extra></extra>"),
             row=i // cols + 1, col=i % cols + 1,
         )
-    fig.update_yaxes(autorange="reversed")
-    fig.update_layout(height=max(260, (90 + 18 * len(row_labels)) * rows), margin={"l": 40, "r": 10, "t": 40, "b": 30})
+    fig.update_yaxes(autorange="reversed", tickfont={"size": 10}, automargin=True)
+    fig.update_xaxes(tickfont={"size": 10})
+    fig.update_layout(height=height, margin={"l": 10, "r": 10, "t": 30, "b": 20})
     return fig
 
 
@@ -223,7 +227,9 @@ def clip_regions(regions: dict[str, dict], scatter: dict[str, pd.DataFrame]) -> 
     """
     names = list(regions)
     rows, cols = _grid(len(names), cols=3)
-    fig = make_subplots(rows=rows, cols=cols, subplot_titles=names, vertical_spacing=0.12, horizontal_spacing=0.05)
+    height = 320 * rows
+    fig = make_subplots(rows=rows, cols=cols, subplot_titles=names, vertical_spacing=90 / height,
+                        horizontal_spacing=0.05)
     # A discrete colour scale over the codes 0..3.
     scale = []
     for code in range(4):
@@ -244,5 +250,5 @@ def clip_regions(regions: dict[str, dict], scatter: dict[str, pd.DataFrame]) -> 
                           row=row, col=col)
         fig.update_xaxes(title_text="ratio", row=row, col=col)
         fig.update_yaxes(title_text="advantage" if col == 1 else None, row=row, col=col)
-    fig.update_layout(height=300 * rows, margin={"l": 40, "r": 10, "t": 40, "b": 30}, showlegend=False)
+    fig.update_layout(height=height, margin={"l": 40, "r": 10, "t": 40, "b": 30}, showlegend=False)
     return fig

@@ -54,6 +54,14 @@ def runs_table(logs_dir: str) -> pd.DataFrame:
     )
 
 
+@st.cache_data(ttl=LIVE_TTL, show_spinner=False)
+def reader_problems(logs_dir: str) -> list[str]:
+    """Files and runs the reader had to leave out (damaged Parquet, unreadable run.json, ...), as messages."""
+    reader = get_reader(logs_dir)
+    reader.refresh()
+    return list(reader.problems)
+
+
 def live_signature(logs_dir: str) -> tuple:
     """What changes when a run makes progress: (run, status, last_step) of every run."""
     table = runs_table(logs_dir)

@@ -105,6 +105,15 @@ if info["status"] == "running":
 elif info["status"] == "crashed":
     st.sidebar.error(f"{run} crashed at step {info['last_step']}; its logged steps are shown.")
 st.sidebar.caption(f"{info['algorithm']} · {info['task']} · logs: `{logs}`")
+try:
+    problems = queries.reader_problems(logs)
+except Exception:  # the runs table above already worked; a failure here only hides the list
+    problems = []
+if problems:
+    with st.sidebar.expander(f"⚠ {len(problems)} file(s) or run(s) left out", expanded=False):
+        st.caption("They could not be read (damaged, foreign or of a newer format); everything else is shown.")
+        for problem in problems[:50]:
+            st.text(problem)
 
 common.set_url_value("run", run)
 common.set_url_value("step", step)

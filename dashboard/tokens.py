@@ -121,7 +121,7 @@ def token_heatmap_html(tokens: pd.DataFrame, channel_name: str, hover_columns: l
             f'<span class="pl-token" data-position="{int(record["position"])}" data-clip="{clip}"'
             f' title="{html.escape(chr(10).join(hover), quote=True)}"'
             f' style="background:{background};color:{text_colour};{CLIP_STYLES.get(clip, "")}'
-            f'padding:1px 1px;margin:1px 0;border-radius:2px;">{visible_text(str(record["token_text"]))}</span>'
+            f'padding:1px 2px;margin:1px 1px;border-radius:2px;">{visible_text(str(record["token_text"]))}</span>'
         )
     legend = colour_legend_html(channel, low, high)
     return (

@@ -131,7 +131,8 @@ ratios = {a: w.ratio[np.isfinite(w.ratio)] for a, w in results.items()}
 advantage = recompute.batch_from_tokens(tokens).advantages.numpy()
 on = np.isfinite(next(iter(results.values())).ratio)
 adv_points = advantage[on]
-ratio_max = float(max(2.0, 1.1 * max((r.max() for r in ratios.values() if r.size), default=2.0)))
+# Up to 3.5 at least, so ASPO's dual cap at r = 3 is on the chart.
+ratio_max = float(max(3.5, 1.1 * max((r.max() for r in ratios.values() if r.size), default=2.0)))
 adv_max = float(max(1.0, 1.1 * np.abs(adv_points).max())) if adv_points.size else 1.0
 scatter = {}
 for algo, w in results.items():

@@ -15,6 +15,7 @@ STATUS_ICON = {"running": "● running", "finished": "finished", "stopped": "■
 st.dataframe(
     table.assign(status=table["status"].map(lambda s: STATUS_ICON.get(s, s))).drop(columns=["config"]),
     hide_index=True,
+    key="runs_table",
     column_config={
         "run": "run", "last_step": "last step", "steps_logged": "steps logged",
         "heldout_accuracy": st.column_config.NumberColumn("held-out accuracy", format="%.3f"),

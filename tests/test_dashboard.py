@@ -1,0 +1,340 @@
+"""Dashboard pages under streamlit's AppTest, on a run trained by the engine (fixtures in conftest.py).
+
+Each test renders a page of the real app (dashboard/streamlit_app.py with st.navigation) and checks that it raises
+nothing and that what it shows equals what an independent DuckDB query over the run's Parquet files returns.
+"""
+
+from __future__ import annotations
+
+import base64
+import html
+import json
+import re
+import shutil
+from pathlib import Path
+
+import duckdb
+import numpy as np
+import pandas as pd
+import pytest
+import torch
+from streamlit.testing.v1 import AppTest
+
+from engine.objectives import policy_loss
+
+APP = str(Path(__file__).resolve().parent.parent / "dashboard" / "streamlit_app.py")
+TIMEOUT = 120  # the first page that imports torch takes a few seconds on a busy machine
+
+
+# ---------------------------------------------------------------- helpers
+
+
+def independent(logs_dir, table: str, where: str = "", params: list | None = None) -> pd.DataFrame:
+    """Read a table straight from the run's Parquet files with a fresh DuckDB connection (not the app's reader)."""
+    files = sorted(str(p) for p in Path(logs_dir).glob(f"*/data/*/{table}.parquet"))
+    con = duckdb.connect()
+    # Compaction may leave both step folders and the chunk that merged them for a moment: keep unique rows.
+    query = f"SELECT DISTINCT * FROM read_parquet(?, union_by_name=true) {where}"
+    frame = con.execute(query, [files, *(params or [])]).df()
+    con.close()
+    return frame
+
+
+def open_page(logs_dir, page: str | None, monkeypatch, **query) -> AppTest:
+    monkeypatch.setenv("POLICYLENS_LOGS_DIR", str(logs_dir))
+    at = AppTest.from_file(APP, default_timeout=TIMEOUT)
+    for key, value in query.items():
+        at.query_params[key] = str(value)
+    at.run()
+    if page is not None:
+        at.switch_page(f"app_pages/{page}.py").run()
+    assert not at.exception, [e.message for e in at.exception]
+    return at
+
+
+def dataframe(at: AppTest, *columns: str) -> pd.DataFrame:
+    """The first table on the page that has all these columns (read-only tables carry no key in AppTest)."""
+    for frame in at.dataframe:
+        value = frame.value
+        if all(c in value.columns for c in columns):
+            return value
+    raise AssertionError(f"no table with columns {columns}")
+
+
+def array(field) -> np.ndarray:
+    """A plotly JSON array: a list, or plotly 6's typed array {"dtype": ..., "bdata": base64}."""
+    if isinstance(field, dict) and "bdata" in field:
+        return np.frombuffer(base64.b64decode(field["bdata"]), dtype=np.dtype(field["dtype"]))
+    return np.asarray(field)
+
+
+def plotly_spec(at: AppTest, key: str) -> dict:
+    for chart in at.get("plotly_chart"):
+        if key in chart.proto.id:
+            return json.loads(chart.proto.spec)
+    raise AssertionError(f"no plotly chart with key {key!r}")
+
+
+# ---------------------------------------------------------------- the runs used
+
+
+def _engine_run_or_synthetic(request, fixture: str, tmp_path_factory):
+    try:
+        return request.getfixturevalue(fixture)
+    except pytest.FixtureLookupError:  # TEMPORARY until conftest.py provides the engine-trained runs
+        from dashboard.synthetic import write_synthetic_run
+
+        logs = tmp_path_factory.mktemp("synthetic_logs")
+        write_synthetic_run(str(logs), "synthetic", steps=3)
+        return str(logs), "synthetic"
+
+
+@pytest.fixture(scope="module")
+def trained(request, tmp_path_factory):
+    """(logs_dir, run) of a tiny run trained by the engine."""
+    return _engine_run_or_synthetic(request, "tiny_run", tmp_path_factory)
+
+
+@pytest.fixture(scope="module")
+def trained_prm(request, tmp_path_factory):
+    """(logs_dir, run) of a tiny process-supervised run trained by the engine."""
+    return _engine_run_or_synthetic(request, "tiny_process_run", tmp_path_factory)
+
+
+def last_step(logs_dir, run) -> int:
+    return int(independent(logs_dir, "steps", "WHERE run = ?", [run])["step"].max())
+
+
+def a_mixed_rollout(logs_dir, run, step) -> int:
+    """A train rollout of a group with both good and bad answers (non-zero advantages), highest advantage."""
+    rollouts = independent(logs_dir, "rollouts", "WHERE run = ? AND step = ? AND kind = 'train'", [run, step])
+    spread = rollouts.groupby("group_id")["reward"].transform(lambda r: r.max() - r.min())
+    candidates = rollouts[spread > 0] if (spread > 0).any() else rollouts
+    return int(candidates.sort_values("advantage", ascending=False)["rollout_id"].iloc[0])
+
+
+# ---------------------------------------------------------------- pages
+
+
+def test_runs_page_lists_the_run_with_its_logged_values(trained, monkeypatch):
+    logs_dir, run = trained
+    at = open_page(logs_dir, None, monkeypatch)
+    assert [h.value for h in at.header] == ["Runs"]
+    table = dataframe(at, "run", "last_step", "steps_logged")
+    row = table[table["run"] == run].iloc[0]
+    steps = independent(logs_dir, "steps", "WHERE run = ?", [run])
+    assert int(row["last_step"]) == int(steps["step"].max())
+    assert int(row["steps_logged"]) == len(steps)
+    meta = json.loads((Path(logs_dir) / run / "run.json").read_text())
+    assert row["algorithm"] == meta["algorithm"]
+    # The curves plot exactly the logged reward means.
+    spec = plotly_spec(at, "run_curves")
+    reward = next(t for t in spec["data"] if t["name"] == run and t.get("xaxis", "x") == "x")
+    np.testing.assert_allclose(array(reward["y"]), steps.sort_values("step")["reward_mean"].to_numpy(), rtol=1e-9)
+    assert at.query_params["run"] == run
+
+
+def test_token_inspector_shows_the_logged_tokens_escaped_with_clip_marks(trained, monkeypatch):
+    logs_dir, run = trained
+    step = last_step(logs_dir, run)
+    rollout = a_mixed_rollout(logs_dir, run, step)
+    at = open_page(logs_dir, "token_inspector", monkeypatch, run=run, step=step, rollout=rollout, channel="ratio")
+    assert at.query_params["rollout"] == str(rollout)
+    tokens = independent(logs_dir, "tokens", "WHERE run = ? AND step = ? AND rollout_id = ? ORDER BY position",
+                         [run, step, rollout])
+    passes = independent(logs_dir, "token_passes", "WHERE run = ? AND step = ? AND rollout_id = ?",
+                         [run, step, rollout])
+    body = at.get("html")[0].proto.body
+    spans = re.findall(r'<span class="pl-token" data-position="(\d+)" data-clip="(\d)"[^>]*>(.*?)</span>', body)
+    assert [int(p) for p, _, _ in spans] == tokens["position"].tolist()
+    for (_, _, shown), text in zip(spans, tokens["token_text"], strict=True):
+        expected = html.escape(text, quote=True).replace(" ", "·").replace("\t", "→").replace("\r", "␍")
+        assert shown == expected.replace("\n", "↵<br>")
+    if len(passes):
+        last = passes[passes["pass"] == passes["pass"].max()].sort_values("position")
+        assert [int(c) for _, c, _ in spans] == last["clip"].astype(int).tolist()
+        values = dataframe(at, "token_text", "ratio", "old_logp")
+        np.testing.assert_allclose(values["ratio"].to_numpy(), last["ratio"].to_numpy(), rtol=1e-9)
+    shown = dataframe(at, "token_text", "ratio", "old_logp")
+    assert shown["token_text"].tolist() == tokens["token_text"].tolist()
+    np.testing.assert_allclose(shown["old_logp"].to_numpy(), tokens["old_logp"].to_numpy(), rtol=1e-9)
+
+
+def test_groups_page_matches_the_group_statistics(trained, monkeypatch):
+    logs_dir, run = trained
+    step = last_step(logs_dir, run)
+    at = open_page(logs_dir, "groups", monkeypatch, run=run, step=step)
+    shown = dataframe(at, "group_id", "reward_mean", "outcome").set_index("group_id")
+    rollouts = independent(logs_dir, "rollouts", "WHERE run = ? AND step = ? AND kind = 'train'", [run, step])
+    expected = rollouts.groupby("group_id")["reward"].agg(["mean", "std", "size"]).fillna(0.0)
+    assert sorted(shown.index) == sorted(expected.index)
+    np.testing.assert_allclose(shown.loc[expected.index, "reward_mean"], expected["mean"], rtol=1e-9)
+    np.testing.assert_allclose(shown.loc[expected.index, "reward_std"], expected["std"], rtol=1e-9, atol=1e-12)
+    assert (shown.loc[expected.index, "size"] == expected["size"]).all()
+    # Every completion of the shown groups is on the page, as text (st.code escapes it).
+    codes = [c.value for c in at.code]
+    first_group = rollouts[rollouts["group_id"] == shown.index[0]]
+    assert all(c in codes for c in first_group["completion"])
+    # The outcome filter keeps only what it says.
+    at.multiselect[0].set_value(["all wrong"]).run()
+    assert not at.exception
+    filtered = dataframe(at, "group_id", "reward_mean", "outcome")
+    assert set(filtered["outcome"]) <= {"all wrong"}
+
+
+def test_replay_follows_an_eval_prompt_across_steps(trained, monkeypatch):
+    logs_dir, run = trained
+    at = open_page(logs_dir, "replay", monkeypatch, run=run)
+    assert [h.value for h in at.header] == ["Replay"]
+    evals = independent(logs_dir, "rollouts", "WHERE run = ? AND kind = 'eval'", [run])
+    if evals.empty:
+        pytest.skip("the tiny run logged no eval rollouts")
+    prompt_id = int(evals["prompt_id"].min())
+    history = dataframe(at, "step", "sample", "completion", "at")
+    expected = evals[evals["prompt_id"] == prompt_id].sort_values(["step", "index_in_group"])
+    assert history["completion"].tolist() == expected["completion"].tolist()
+    np.testing.assert_allclose(history["reward"], expected["reward"], rtol=1e-9)
+    # Moving the replay slider redraws the distributions of that step.
+    steps = sorted(independent(logs_dir, "steps", "WHERE run = ?", [run])["step"].unique())
+    if len(steps) > 1:
+        at.select_slider(key="replay_step").set_value(int(steps[0])).run()
+        assert not at.exception
+        spec = plotly_spec(at, "replay_distributions")
+        train = independent(logs_dir, "rollouts", "WHERE run = ? AND step = ? AND kind = 'train'",
+                            [run, int(steps[0])])
+        assert sorted(array(spec["data"][0]["x"]).tolist()) == sorted(train["reward"].tolist())
+
+
+def test_prm_page_shows_logged_step_rewards_and_the_seed_sandbox(trained_prm, monkeypatch):
+    logs_dir, run = trained_prm
+    step = last_step(logs_dir, run)
+    at = open_page(logs_dir, "prm_steps", monkeypatch, run=run, step=step)
+    rollout = int(at.selectbox(key="prm_rollout").value)
+    group = independent(logs_dir, "rollouts", "WHERE run = ? AND step = ? AND rollout_id = ?",
+                        [run, step, rollout])["group_id"].iloc[0].item()
+    members = independent(logs_dir, "rollouts", "WHERE run = ? AND step = ? AND group_id = ? AND kind = 'train'",
+                          [run, step, group])["rollout_id"].tolist()
+    steps = independent(logs_dir, "prm_steps", "WHERE run = ? AND step = ?", [run, step])
+    steps = steps[steps["rollout_id"].isin(members)].sort_values(["rollout_id", "step_index"])
+    shown = dataframe(at, "completion", "step_index", "reward_norm")
+    np.testing.assert_allclose(shown["reward_raw"], steps["reward_raw"], rtol=1e-9)
+    np.testing.assert_allclose(shown["reward_norm"], steps["reward_norm"], rtol=1e-9)
+    # The sandbox, prefilled with the seed's example: normalized over all six step rewards (unbiased std).
+    rewards = np.array([0.9, 0.95, 0.8, 0.9, -0.8, -0.9])
+    normalized = (rewards - rewards.mean()) / (rewards.std(ddof=1) + 1e-6)
+    table = dataframe(at, "step 1 normalized")
+    np.testing.assert_allclose(table.iloc[:, 1:].to_numpy().ravel(), normalized, rtol=1e-5)
+
+
+def test_weighting_page_reports_what_policy_loss_computes(trained, monkeypatch):
+    logs_dir, run = trained
+    step = last_step(logs_dir, run)
+    at = open_page(logs_dir, "algorithm_weighting", monkeypatch, run=run, step=step)
+    group = int(at.query_params["group"])
+    pass_ = int(at.query_params["pass"]) if "pass" in at.query_params else None
+    table = dataframe(at, "algorithm", "low", "high").set_index("algorithm")
+    assert list(table.index) == ["grpo", "dapo", "gspo", "aspo", "dr_grpo", "cispo"]
+    # Independently: build the (B, T) tensors from the files and ask policy_loss for GRPO's clip fractions.
+    ids = independent(logs_dir, "rollouts", "WHERE run = ? AND step = ? AND group_id = ? AND kind = 'train'",
+                      [run, step, group]).sort_values("rollout_id")["rollout_id"].tolist()
+    tokens = independent(logs_dir, "tokens", "WHERE run = ? AND step = ?", [run, step])
+    tokens = tokens[tokens["rollout_id"].isin(ids)]
+    if pass_ is not None:
+        passes = independent(logs_dir, "token_passes", 'WHERE run = ? AND step = ? AND "pass" = ?',
+                             [run, step, pass_])
+        tokens = tokens.merge(passes[["rollout_id", "position", "new_logp"]], on=["rollout_id", "position"],
+                              how="left")
+    else:
+        tokens = tokens.assign(new_logp=tokens["old_logp"])
+    B, T = len(ids), int(tokens["position"].max()) + 1
+    grids = {c: np.zeros((B, T)) for c in ("new_logp", "old_logp", "ref_logp", "advantage", "entropy", "mask")}
+    for row in tokens.itertuples(index=False):
+        i = ids.index(row.rollout_id)
+        for c in ("new_logp", "old_logp", "ref_logp", "advantage", "entropy"):
+            value = getattr(row, c)
+            grids[c][i, row.position] = value if value == value else (row.old_logp if c == "new_logp" else 0.0)
+        grids["mask"][i, row.position] = 1.0
+    has_ref = tokens["ref_logp"].notna().any()
+    out = policy_loss("grpo", torch.tensor(grids["new_logp"]), torch.tensor(grids["old_logp"]),
+                      torch.tensor(grids["advantage"]), torch.tensor(grids["mask"]),
+                      ref_logp=torch.tensor(np.where(grids["mask"] > 0, grids["ref_logp"], grids["new_logp"]))
+                      if has_ref else None, entropy=torch.tensor(grids["entropy"]))
+    codes = out.clip.numpy()[grids["mask"] > 0]
+    assert table.loc["grpo", "low"] == pytest.approx((codes == 1).mean())
+    assert table.loc["grpo", "high"] == pytest.approx((codes == 2).mean())
+    # Changing a knob recomputes: GRPO with a huge clip range clips nothing.
+    knobs = at.session_state["weigh_knobs"]
+    assert knobs is not None
+
+
+# ---------------------------------------------------------------- behaviour
+
+
+def test_unknown_run_in_the_url_is_explained_and_the_app_still_works(trained, monkeypatch):
+    logs_dir, _ = trained
+    at = open_page(logs_dir, None, monkeypatch, run="no-such-run", step=999999, rollout=-5)
+    warnings = " ".join(w.value for w in at.sidebar.warning)
+    assert "no-such-run" in warnings and "not in the logs folder" in warnings
+    assert at.query_params["run"] in {r.name for r in Path(logs_dir).iterdir() if (r / "run.json").exists()}
+    at.switch_page("app_pages/groups.py").run()
+    assert not at.exception
+    assert [h.value for h in at.header] == ["Groups"]
+    # A rollout that does not exist in the link: said so, and the inspector shows an existing one.
+    at.query_params["rollout"] = "123456789"
+    at.switch_page("app_pages/token_inspector.py").run()
+    assert not at.exception
+    assert any("123456789" in w.value for w in at.warning)
+
+
+def test_empty_logs_folder_offers_the_demo(tmp_path, monkeypatch):
+    import engine.demo
+
+    started = []
+    monkeypatch.setattr(engine.demo, "start_demo", lambda logs_dir, **kw: started.append(logs_dir) or 1)
+    monkeypatch.setattr(engine.demo, "running_supervisor", lambda logs_dir: None)
+    monkeypatch.setattr(engine.demo, "demo_progress",
+                        lambda logs_dir: {"running": True, "fraction": 0.25, "runs": [{"run": "x", "steps_done": 3}]})
+    at = open_page(tmp_path, None, monkeypatch)
+    text = " ".join(m.value for m in at.markdown)
+    assert "No runs in" in text and "policylens demo" in text
+    at.button[0].click().run()
+    assert not at.exception
+    assert started == [str(tmp_path.resolve())]
+
+
+def test_damaged_and_crashed_runs_are_reported_and_the_rest_works(trained, tmp_path, monkeypatch):
+    logs_dir, run = trained
+    copy = tmp_path / "logs"
+    shutil.copytree(logs_dir, copy)
+    # Damage one tokens file of the run, and mark a second copy as running without a live writer (a crash).
+    victim = sorted((copy / run / "data").glob("*/tokens.parquet"))[0]
+    victim.write_bytes(b"not parquet at all")
+    crashed = copy / "crashed-run"
+    shutil.copytree(copy / run, crashed)
+    meta = json.loads((crashed / "run.json").read_text())
+    meta.update(status="running", name="crashed-run")
+    (crashed / "run.json").write_text(json.dumps(meta))
+    at = open_page(copy, "token_inspector", monkeypatch, run="crashed-run")
+    assert any("crashed" in e.value for e in at.sidebar.error)
+    assert any("left out" in e.label for e in at.sidebar.expander)
+    at = open_page(copy, None, monkeypatch, run=run)
+    assert [h.value for h in at.header] == ["Runs"]
+
+
+def test_a_running_run_shows_new_steps_on_the_next_rerun(tmp_path, monkeypatch):
+    from dashboard.synthetic import synthetic_step
+    from engine.runlog import RunWriter
+
+    writer = RunWriter.create(tmp_path, "live", algorithm="grpo", task="linear", config={}, model="m")
+    rng = np.random.default_rng(0)
+    writer.log_step(0, **synthetic_step(0, 2, 2, 8, 1, rng))
+    at = open_page(tmp_path, None, monkeypatch)
+    assert any("training" in s.value for s in at.sidebar.success)  # a running run is marked
+    writer.log_step(1, **synthetic_step(1, 2, 2, 8, 1, rng))
+    import streamlit as st
+
+    st.cache_data.clear()  # what the 2 s TTL does in the live app
+    at.run()
+    assert not at.exception
+    assert at.query_params["step"] == "1"  # following the newest step
+    writer.close()
