@@ -326,7 +326,7 @@ class _WriterLock:
         self.fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
         if fcntl is not None:
             # Readers probe the lock with a shared lock for a few microseconds: retry briefly before giving up.
-            deadline = time.monotonic() + 2.0
+            deadline = time.monotonic() + 0.5
             while True:
                 try:
                     fcntl.flock(self.fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -517,6 +517,7 @@ class RunWriter:
         # Parquet encoding releases the GIL, so one writer thread overlaps it with the next training step.
         self._executor = ThreadPoolExecutor(1, thread_name_prefix=f"runlog-{name}") if background else None
         self._pending: Future | None = None
+        self._superseded: list[tuple[float, list[Path]]] = []  # (when replaced, folders) awaiting deletion
 
     # ---- opening
 
@@ -698,13 +699,14 @@ class RunWriter:
             self._update_meta(status=status)
 
     def close(self, status: str = "finished") -> None:
-        """Write what is pending, compact, record `status` and release the writer lock. Safe to call twice."""
+        """Write what is pending, record `status` and release the writer lock. Safe to call twice.
+
+        May wait up to `_DELETE_GRACE_SECONDS` to delete folders a recent compaction replaced (see `_merge`)."""
         if self._closed:
             return
         try:
             self.flush()
-            if self.compact_every > 0:
-                self._maybe_compact(force=True)
+            self._delete_superseded(wait=True)
             self.set_status(status)
         finally:
             self._closed = True
@@ -734,6 +736,7 @@ class RunWriter:
             self._update_meta(last_step=step)
         if self.compact_every > 0:
             self._maybe_compact()
+        self._delete_superseded()
 
     def _update_meta(self, **changes: Any) -> None:
         with self._meta_lock:
@@ -741,14 +744,26 @@ class RunWriter:
             self.meta["updated_at"] = _iso(_now())
             _write_json_atomic(self.run_dir / "run.json", self.meta)
 
-    def _maybe_compact(self, force: bool = False) -> None:
+    def _delete_superseded(self, wait: bool = False) -> None:
+        """Delete folders replaced by a chunk at least `_DELETE_GRACE_SECONDS` ago (all of them if `wait`)."""
+        while self._superseded:
+            age = time.monotonic() - self._superseded[0][0]
+            if age < _DELETE_GRACE_SECONDS:
+                if not wait:
+                    return
+                time.sleep(_DELETE_GRACE_SECONDS - age)
+            for path in self._superseded.pop(0)[1]:
+                _remove_tree(path)
+
+    def _maybe_compact(self) -> None:
         """Merge this rank's step folders into a chunk once there are `compact_every` of them, and every
         `_MERGE_FAN_IN` chunks of one size into one larger chunk, so the number of files (what a query pays
         for) grows with the logarithm of the number of steps."""
         segments = [s for s in _scan_segments(self.data_dir) if s.rank == self.rank]
         steps = [s for s in segments if not s.is_chunk]
-        if len(steps) >= (2 if force else self.compact_every):
+        if len(steps) >= self.compact_every:
             _merge(self.data_dir, steps, self.rank, _next_seq(self.data_dir))
+            self._superseded.append((time.monotonic(), [s.path for s in steps]))
         while True:
             chunks = [s for s in _scan_segments(self.data_dir) if s.rank == self.rank and s.is_chunk]
             by_level: dict[int, list[_Segment]] = {}
@@ -760,10 +775,15 @@ class RunWriter:
             full = [group for group in by_level.values() if len(group) >= _MERGE_FAN_IN]
             if not full:
                 return
-            _merge(self.data_dir, sorted(full[0], key=lambda c: c.first), self.rank, _next_seq(self.data_dir))
+            _merge(self.data_dir, full[0], self.rank, _next_seq(self.data_dir))
+            self._superseded.append((time.monotonic(), [c.path for c in full[0]]))
 
 
 _MERGE_FAN_IN = 8
+# A reader lists a data folder with readdir, which is not a snapshot: an entry added or removed during the
+# listing may or may not be returned. Deleting the folders a chunk replaces only this long after the chunk
+# appeared means no listing can both miss the new chunk and miss the old folders.
+_DELETE_GRACE_SECONDS = 1.0
 # Strings and small integer keys repeat a lot; floats (log-probs, ratios) almost never do, and trying a
 # dictionary for them first costs time and bytes.
 _DICTIONARY_COLUMNS = ["run", "step", "kind", "filter_reason", "token_text", "pass", "clip", "prompt", "answer"]
@@ -784,7 +804,8 @@ def _next_seq(data_dir: Path) -> int:
 
 
 def _merge(data_dir: Path, segments: Sequence[_Segment], rank: int, seq: int, keep_up_to: int | None = None) -> None:
-    """Write the rows of `segments` (optionally only steps <= keep_up_to) as one chunk, then delete them.
+    """Write the rows of `segments` (optionally only steps <= keep_up_to) as one chunk; the caller deletes
+    `segments` later (see `_DELETE_GRACE_SECONDS`).
 
     Streams row groups through a ParquetWriter so memory stays bounded by a few row groups, whatever the size.
     """
@@ -825,8 +846,6 @@ def _merge(data_dir: Path, segments: Sequence[_Segment], rank: int, seq: int, ke
         if writer is not None:
             writer.close()
     os.rename(tmp, data_dir / name)  # from now on readers prefer the chunk to the folders it replaces
-    for s in segments:
-        _remove_tree(s.path)
 
 
 def _parquet_writer(path: Path, schema: pa.Schema) -> pq.ParquetWriter:
@@ -849,6 +868,7 @@ def _truncate(data_dir: Path, rank: int, keep_up_to: int, name: str) -> None:
             _remove_tree(s.path)
         elif s.is_chunk and s.last > keep_up_to:
             _merge(data_dir, [s], rank, seq, keep_up_to=keep_up_to)
+            _remove_tree(s.path)  # at resume, before logging goes on: a reader's listing may be off briefly
             seq += 1
 
 
@@ -946,40 +966,58 @@ class RunReader:
     def refresh(self) -> bool:
         """Rescan the logs folder; rebuild views whose file lists changed. Returns True if anything changed."""
         with self._lock:
-            problems: list[str] = []
-            files: dict[str, list[str]] = {t: [] for t in DATA_TABLES}
-            runs_rows = []
-            for run_dir in self._run_dirs(problems):
-                try:
-                    meta = self._meta(run_dir)
-                except RunLogError as err:
-                    if self.only is not None:
-                        raise
-                    problems.append(str(err))
+            for attempt in range(5):
+                scan = self._scan()
+                if scan is None and attempt < 4:  # a folder vanished under the listing (compaction): look again
                     continue
-                segments = _scan_segments(run_dir / "data", problems)
-                for seg in segments:
-                    self._collect(seg, files, problems)
-                last = max((s.last for s in segments), default=None)
-                info = _run_info(run_dir, meta, last)
-                info["config"] = json.dumps(info["config"])
-                runs_rows.append(tuple(info[name] for name in RUNS_SCHEMA.names))
-            problems.extend(f"{path}: {msg} (skipped)" for path, msg in self._quarantined.items())
-            self.problems = problems
-            changed = False
-            for table, paths in files.items():
-                if self._views.get(table) != paths:
-                    self._create_view(table, paths)
-                    changed = True
-            if runs_rows != self._runs_rows:
-                self._con.execute("CREATE OR REPLACE TABLE _runlog.runs AS SELECT * FROM _runlog.empty_runs")
-                if runs_rows:
-                    marks = ", ".join("?" * len(RUNS_SCHEMA))
-                    self._con.executemany(f"INSERT INTO _runlog.runs VALUES ({marks})", runs_rows)
-                self._con.execute("CREATE OR REPLACE VIEW runs AS SELECT * FROM _runlog.runs")
-                self._runs_rows = runs_rows
+                problems, files, runs_rows = scan or self._scan(final=True)
+                try:
+                    return self._apply(problems, files, runs_rows)
+                except duckdb.IOException:
+                    if attempt == 4:
+                        raise
+            raise AssertionError("unreachable")
+
+    def _scan(self, final: bool = False):
+        """(problems, files per table, runs rows), or None if the data changed during the listing."""
+        problems: list[str] = []
+        files: dict[str, list[str]] = {t: [] for t in DATA_TABLES}
+        runs_rows = []
+        for run_dir in self._run_dirs(problems):
+            try:
+                meta = self._meta(run_dir)
+            except RunLogError as err:
+                if self.only is not None:
+                    raise
+                problems.append(str(err))
+                continue
+            segments = _scan_segments(run_dir / "data", problems)
+            for seg in segments:
+                if not self._collect(seg, files, problems) and not final:
+                    return None
+            last = max((s.last for s in segments), default=None)
+            info = _run_info(run_dir, meta, last)
+            info["config"] = json.dumps(info["config"])
+            runs_rows.append(tuple(info[name] for name in RUNS_SCHEMA.names))
+        problems.extend(f"{path}: {msg} (skipped)" for path, msg in self._quarantined.items())
+        return problems, files, runs_rows
+
+    def _apply(self, problems: list[str], files: dict[str, list[str]], runs_rows: list[tuple]) -> bool:
+        self.problems = problems
+        changed = False
+        for table, paths in files.items():
+            if self._views.get(table) != paths:
+                self._create_view(table, paths)
                 changed = True
-            return changed
+        if runs_rows != self._runs_rows:
+            self._con.execute("CREATE OR REPLACE TABLE _runlog.runs AS SELECT * FROM _runlog.empty_runs")
+            if runs_rows:
+                marks = ", ".join("?" * len(RUNS_SCHEMA))
+                self._con.executemany(f"INSERT INTO _runlog.runs VALUES ({marks})", runs_rows)
+            self._con.execute("CREATE OR REPLACE VIEW runs AS SELECT * FROM _runlog.runs")
+            self._runs_rows = runs_rows
+            changed = True
+        return changed
 
     def _run_dirs(self, problems: list[str]) -> list[Path]:
         if self.only is not None:
@@ -1014,11 +1052,12 @@ class RunReader:
         self._meta_cache[key] = (st.st_size, st.st_mtime_ns, meta)
         return meta
 
-    def _collect(self, seg: _Segment, files: dict[str, list[str]], problems: list[str]) -> None:
+    def _collect(self, seg: _Segment, files: dict[str, list[str]], problems: list[str]) -> bool:
+        """Add the segment's valid files to `files`; False if the segment vanished since the listing."""
         try:
             entries = list(os.scandir(seg.path))
-        except FileNotFoundError:  # deleted by compaction since the listing: its chunk has the rows
-            return
+        except FileNotFoundError:  # deleted since the listing (compaction, truncation): the caller rescans
+            return False
         for entry in entries:
             table = entry.name[: -len(".parquet")] if entry.name.endswith(".parquet") else None
             if table not in TABLE_SCHEMAS:
@@ -1032,6 +1071,7 @@ class RunReader:
                 problems.append(f"{path}: {problem} (skipped)")
             else:
                 files[table].append(path)
+        return True
 
     def _check_file(self, path: str, table: str) -> str | None:
         """Cheap once-per-file validation (footer + schema), so one bad file cannot break every query."""

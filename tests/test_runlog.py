@@ -1,0 +1,328 @@
+"""Run log (engine/runlog.py): schema, atomic steps, compaction, resume, bad files, hostile names, export.
+
+Processes (read-while-write, SIGKILL) are in test_runlog_process.py, the CLI in test_runlog_cli.py.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import duckdb
+import numpy as np
+import pandas as pd
+import pytest
+
+from engine.runlog import (
+    SCHEMA_VERSION,
+    TABLE_SCHEMAS,
+    RunLogError,
+    RunReader,
+    RunWriter,
+    list_runs,
+    validate_run_name,
+)
+
+
+def make_step(step: int, rollouts: int = 3, length: int = 4, passes: int = 2, prm: bool = False) -> dict:
+    """A small but complete step: every table, known row counts (rollouts * length tokens)."""
+    rid = np.repeat(np.arange(rollouts), length)  # (N*T,)
+    pos = np.tile(np.arange(length), rollouts)
+    out = {
+        "metrics": {"reward_mean": 0.1 * step, "heldout_accuracy": 0.5 if step % 2 == 0 else None, "custom": step},
+        "rollouts": pd.DataFrame({
+            "rollout_id": np.arange(rollouts), "group_id": np.zeros(rollouts, int), "kind": ["train"] * rollouts,
+            "prompt": ["1+1="] * rollouts, "completion": ["2"] * rollouts, "reward": np.ones(rollouts),
+            "truncated": [False] * rollouts, "seq_ratio": [[1.0, 1.0 + step]] * rollouts,
+        }),
+        "tokens": {"rollout_id": rid, "position": pos, "token_text": [f"t{p}" for p in pos],
+                   "old_logp": -np.ones(len(rid)), "prm_step": np.zeros(len(rid), int)},
+        "token_passes": {"pass": np.repeat(np.arange(passes), len(rid)), "rollout_id": np.tile(rid, passes),
+                         "position": np.tile(pos, passes), "ratio": np.ones(len(rid) * passes),
+                         "clip": np.zeros(len(rid) * passes, np.int8)},
+    }
+    if prm:
+        out["prm_steps"] = {"rollout_id": np.arange(rollouts), "step_index": np.zeros(rollouts, int),
+                            "first_pos": np.zeros(rollouts, int), "last_pos": np.full(rollouts, length - 1),
+                            "text": ["a"] * rollouts, "reward_raw": np.ones(rollouts)}
+    return out
+
+
+def write_run(logs: Path, name: str, steps: int, close: str | None = "finished", **kwargs) -> RunWriter:
+    writer = RunWriter.create(logs, name, algorithm="grpo", task="arith", config={"lr": 1e-6, "g": 4},
+                              model="tiny", **kwargs)
+    for step in range(steps):
+        writer.log_step(step, **make_step(step))
+    if close:
+        writer.close(close)
+    return writer
+
+
+def token_counts(reader: RunReader, run: str) -> dict[int, int]:
+    df = reader.sql("SELECT step, count(*) AS n FROM tokens WHERE run = ? GROUP BY step ORDER BY step", [run])
+    return dict(zip(df.step.tolist(), df.n.tolist(), strict=True))
+
+
+# ---------------------------------------------------------------- schema and round trip
+
+
+def test_round_trip_all_tables_and_types(tmp_path):
+    write_run(tmp_path, "a", 3)
+    r = RunReader(tmp_path)
+    runs = r.sql("SELECT * FROM runs")
+    assert runs.loc[0, "run"] == "a" and runs.loc[0, "status"] == "finished" and runs.loc[0, "last_step"] == 2
+    assert json.loads(runs.loc[0, "config"]) == {"lr": 1e-6, "g": 4}
+    assert list(runs.columns) == ["run", "run_id", "algorithm", "task", "created_at", "updated_at", "status",
+                                  "config", "model", "last_step"]
+    steps = r.sql("SELECT * FROM steps ORDER BY step")
+    assert steps.step.tolist() == [0, 1, 2]
+    assert steps.heldout_accuracy.isna().tolist() == [False, True, False]
+    assert json.loads(steps.extra[2]) == {"custom": 2}
+    assert (steps.wall_time.diff().dropna() >= 0).all()
+    assert token_counts(r, "a") == {0: 12, 1: 12, 2: 12}
+    assert r.sql("SELECT count(*) AS n FROM token_passes").n[0] == 3 * 24
+    ratio = r.sql("SELECT seq_ratio FROM rollouts WHERE step = 2 LIMIT 1").seq_ratio[0]
+    assert list(ratio) == [1.0, 3.0]
+    types = dict(r.rows("SELECT column_name, column_type FROM (DESCRIBE token_passes)")[1])
+    assert types["clip"] == "TINYINT" and types["pass"] == "BIGINT" and types["ratio"] == "DOUBLE"
+    for table, schema in TABLE_SCHEMAS.items():  # every view has exactly the contract's columns
+        assert list(r.sql(f"SELECT * FROM {table} LIMIT 0").columns) == schema.names
+
+
+def test_empty_run_and_missing_tables_give_empty_views_with_columns(tmp_path):
+    RunWriter.create(tmp_path, "empty").close()
+    r = RunReader(tmp_path)
+    for table, schema in TABLE_SCHEMAS.items():
+        df = r.sql(f"SELECT * FROM {table} WHERE run = ?", ["empty"])
+        assert list(df.columns) == schema.names
+    assert r.sql("SELECT count(*) AS n FROM prm_steps").n[0] == 0
+    assert RunReader(tmp_path / "no-such-logs-dir").sql("SELECT count(*) AS n FROM runs").n[0] == 0
+
+
+def test_unknown_column_and_bad_type_are_clear_errors(tmp_path):
+    w = RunWriter.create(tmp_path, "a", background=False)
+    with pytest.raises(RunLogError, match=r"tokens: unknown column\(s\) \['logp'\]"):
+        w.log_step(0, tokens={"rollout_id": [0], "logp": [0.1]})
+    with pytest.raises(RunLogError, match=r"tokens\.position"):
+        w.log_step(0, tokens={"rollout_id": [0], "position": ["first"]})
+    w.log_step(0, metrics={"loss": 1.0})
+    with pytest.raises(RunLogError, match="not after the last logged step 0"):
+        w.log_step(0)
+    w.close()
+
+
+def test_torch_tensors_are_accepted(tmp_path):
+    torch = pytest.importorskip("torch")
+    with RunWriter.create(tmp_path, "t") as w:
+        w.log_step(0, metrics={"loss": torch.tensor(0.5)},
+                   tokens={"rollout_id": torch.zeros(3, dtype=torch.long), "position": torch.arange(3),
+                           "old_logp": torch.tensor([-1.0, -2.0, -3.0])})
+    df = RunReader(tmp_path).sql("SELECT old_logp FROM tokens ORDER BY position")
+    assert df.old_logp.tolist() == [-1.0, -2.0, -3.0]
+
+
+def test_compaction_keeps_every_row_once_and_bounds_folders(tmp_path):
+    w = write_run(tmp_path, "c", 0, close=None, compact_every=2)
+    for step in range(21):
+        w.log_step(step, **make_step(step))
+    w.flush()
+    folders = sorted(os.listdir(tmp_path / "c" / "data"))
+    assert any(f.startswith("chunk-") for f in folders)
+    r = RunReader(tmp_path)
+    assert token_counts(r, "c") == {s: 12 for s in range(21)}
+    w.close()
+    # 21 steps, chunks of 2 merged 8 at a time: one 16-step chunk, two 2-step chunks, the last step alone
+    folders = sorted(os.listdir(tmp_path / "c" / "data"))
+    assert len(folders) == 4 and folders[0].startswith("chunk-000000000-000000015-"), folders
+    assert token_counts(r, "c") == {s: 12 for s in range(21)}
+    assert r.sql("SELECT count(*) AS n FROM steps").n[0] == 21
+    # a chunk file is sorted so one rollout's rows sit together
+    df = r.sql("SELECT step, rollout_id, position FROM tokens")
+    assert df.equals(df.sort_values(["step", "rollout_id", "position"]).reset_index(drop=True))
+
+
+# ---------------------------------------------------------------- status, resume, ranks
+
+
+def test_status_running_crashed_and_context_manager(tmp_path):
+    w = write_run(tmp_path, "live", 2, close=None)
+    assert [r["status"] for r in list_runs(tmp_path)] == ["running"]
+    w._lock.release()  # what the kernel does when the writer dies
+    assert [r["status"] for r in list_runs(tmp_path)] == ["crashed"]
+    with pytest.raises(ValueError), RunWriter.create(tmp_path, "boom"):
+        raise ValueError
+    with pytest.raises(KeyboardInterrupt), RunWriter.create(tmp_path, "ctrl-c"):
+        raise KeyboardInterrupt
+    statuses = {r["run"]: r["status"] for r in list_runs(tmp_path)}
+    assert statuses == {"live": "crashed", "boom": "crashed", "ctrl-c": "stopped"}
+
+
+def test_create_twice_and_second_writer_are_refused(tmp_path):
+    w = write_run(tmp_path, "a", 1, close=None)
+    with pytest.raises(RunLogError, match="already exists"):
+        RunWriter.create(tmp_path, "a")
+    with pytest.raises(RunLogError, match="being written by another process"):
+        RunWriter.resume(tmp_path, "a")
+    w.close()
+
+
+def test_resume_continues_numbering(tmp_path):
+    write_run(tmp_path, "a", 3, close="crashed")
+    w = RunWriter.resume(tmp_path, "a")
+    assert w.last_step == 2
+    with pytest.raises(RunLogError, match="truncate_after"):
+        w.log_step(2, **make_step(2))
+    w.log_step(3, **make_step(3))
+    w.close()
+    r = RunReader(tmp_path)
+    assert token_counts(r, "a") == {0: 12, 1: 12, 2: 12, 3: 12}
+    assert r.sql("SELECT status, last_step FROM runs").values.tolist() == [["finished", 3]]
+
+
+@pytest.mark.parametrize("compact_every", [0, 4])
+def test_resume_truncate_after_replaces_steps_without_duplicates(tmp_path, compact_every):
+    write_run(tmp_path, "a", 11, compact_every=compact_every)  # with 4: chunks 0-3, 4-7, then 8-10 at close
+    w = RunWriter.resume(tmp_path, "a", truncate_after=5, compact_every=compact_every)
+    assert w.last_step == 5
+    for step in range(6, 9):
+        w.log_step(step, **make_step(step, rollouts=1))  # 4 tokens instead of 12: tells old from new rows
+    w.close()
+    counts = token_counts(RunReader(tmp_path), "a")
+    assert counts == {**{s: 12 for s in range(6)}, 6: 4, 7: 4, 8: 4}
+
+
+def test_two_ranks_write_one_run(tmp_path):
+    w0 = RunWriter.create(tmp_path, "ddp", rank=0, compact_every=3)
+    w1 = RunWriter.create(tmp_path, "ddp", rank=1, compact_every=3)
+    for step in range(7):
+        w0.log_step(step, **make_step(step))
+        part = make_step(step)
+        part["tokens"]["rollout_id"] = part["tokens"]["rollout_id"] + 100  # ids unique across ranks
+        w1.log_step(step, tokens=part["tokens"])
+    w1.close()
+    w0.close()
+    r = RunReader(tmp_path)
+    assert token_counts(r, "ddp") == {s: 24 for s in range(7)}
+    assert r.sql("SELECT count(*) AS n FROM steps").n[0] == 7  # rank 1 logged no metrics
+    assert r.sql("SELECT status FROM runs").status[0] == "finished"
+
+
+# ---------------------------------------------------------------- damaged, foreign, newer, missing
+
+
+def test_bad_files_are_skipped_and_reported(tmp_path):
+    write_run(tmp_path, "good", 2)
+    write_run(tmp_path, "bad", 4, compact_every=0)
+    data = tmp_path / "bad" / "data"
+    (data / "step-000000001.rank0" / "tokens.parquet").write_bytes(b"garbage, not parquet")
+    step2 = data / "step-000000002.rank0" / "tokens.parquet"
+    step2.write_bytes(step2.read_bytes()[: step2.stat().st_size // 2])  # truncated
+    (data / "step-000000003.rank0" / "notes.txt").write_text("hello")  # foreign file
+    (data / "README").write_text("foreign entry")
+    pd.DataFrame({"x": [1]}).to_parquet(data / "step-000000003.rank0" / "rollouts.parquet")  # foreign schema
+    r = RunReader(tmp_path)
+    assert token_counts(r, "good") == {0: 12, 1: 12}
+    assert token_counts(r, "bad") == {0: 12, 3: 12}
+    assert r.sql("SELECT count(*) AS n FROM rollouts WHERE run = 'bad'").n[0] == 3 * 3
+    text = "\n".join(r.problems)
+    for name in ["step-000000001.rank0/tokens.parquet", "step-000000002.rank0/tokens.parquet", "notes.txt",
+                 "README", "step-000000003.rank0/rollouts.parquet"]:
+        assert name in text, (name, text)
+    assert "damaged or not a Parquet file" in text
+
+
+def test_corrupt_page_inside_valid_footer_is_quarantined_at_query_time(tmp_path):
+    write_run(tmp_path, "a", 2, compact_every=0)
+    path = tmp_path / "a" / "data" / "step-000000001.rank0" / "tokens.parquet"
+    blob = bytearray(path.read_bytes())
+    for i in range(4, len(blob) // 2):  # scramble data pages, keep the footer
+        blob[i] ^= 0x5A
+    path.write_bytes(bytes(blob))
+    r = RunReader(tmp_path)
+    try:
+        counts = token_counts(r, "a")
+    except duckdb.Error as err:  # pragma: no cover - only if the damage cannot be pinned on a file
+        pytest.fail(f"query failed instead of skipping the damaged file: {err}")
+    assert counts[0] == 12
+    assert any("tokens.parquet" in p for p in r.problems)
+
+
+def test_newer_schema_damaged_run_json_and_missing_run(tmp_path):
+    write_run(tmp_path, "ok", 1)
+    write_run(tmp_path, "future", 1)
+    meta = json.loads((tmp_path / "future" / "run.json").read_text())
+    meta["schema_version"] = SCHEMA_VERSION + 1
+    (tmp_path / "future" / "run.json").write_text(json.dumps(meta))
+    write_run(tmp_path, "broken", 1)
+    (tmp_path / "broken" / "run.json").write_text("{not json")
+    (tmp_path / "stray-folder").mkdir()
+    r = RunReader(tmp_path)
+    assert r.sql("SELECT run FROM runs").run.tolist() == ["ok"]
+    assert token_counts(r, "ok") == {0: 12}
+    text = "\n".join(r.problems)
+    assert "'future' was written with run-log schema version 2" in text
+    assert "broken/run.json: damaged run.json" in text
+    assert "stray-folder" in text
+    with pytest.raises(RunLogError, match="newer than this PolicyLens"):
+        RunReader(tmp_path, runs="future")
+    with pytest.raises(RunLogError, match=r"damaged run\.json"):
+        RunWriter.resume(tmp_path, "broken")
+    with pytest.raises(RunLogError, match="no run named 'nope'"):
+        RunReader(tmp_path, runs=["nope"])
+    with pytest.raises(RunLogError, match="no run named 'nope'"):
+        RunWriter.resume(tmp_path, "nope")
+    assert [r["run"] for r in list_runs(tmp_path)] == ["ok"]
+
+
+# ---------------------------------------------------------------- names
+
+
+@pytest.mark.parametrize(
+    "name",
+    ["", ".", "..", "../x", "a/../../etc", "/etc/passwd", "a/b", "a\\b", "..\\x", ".hidden", "-rf", "a..b",
+     "x" * 101, "name.", "a b", "C:\\x", "con", "NUL.txt", "run\x00", "tab\t", "é", "~root", "$HOME", "a*"],
+)
+def test_hostile_run_names_are_refused(tmp_path, name):
+    with pytest.raises(RunLogError, match="letters, digits"):
+        validate_run_name(name, tmp_path)
+    with pytest.raises(RunLogError):
+        RunWriter.create(tmp_path, name)
+    with pytest.raises(RunLogError):
+        RunReader(tmp_path, runs=name)
+    assert not any(p.name != name for p in tmp_path.iterdir())  # nothing created anywhere
+
+
+@pytest.mark.parametrize("name", ["a", "grpo-run_1.2", "R2D2", "x" * 100, "2026-01-01.dapo"])
+def test_ordinary_run_names_are_accepted(tmp_path, name):
+    assert validate_run_name(name, tmp_path) == name
+
+
+def test_symlink_out_of_logs_dir_is_refused(tmp_path):
+    (tmp_path / "logs").mkdir()
+    (tmp_path / "outside").mkdir()
+    (tmp_path / "logs" / "link").symlink_to(tmp_path / "outside")
+    with pytest.raises(RunLogError, match="outside the logs folder"):
+        validate_run_name("link", tmp_path / "logs")
+
+
+# ---------------------------------------------------------------- export
+
+
+def test_export_round_trip(tmp_path):
+    write_run(tmp_path / "logs", "a", 3)
+    write_run(tmp_path / "logs", "b", 1)
+    r = RunReader(tmp_path / "logs", runs="a")
+    out = r.export(tmp_path / "a.duckdb")
+    con = duckdb.connect(str(out), read_only=True)
+    kinds = dict(con.execute("SELECT table_name, table_type FROM information_schema.tables").fetchall())
+    assert kinds == {t: "BASE TABLE" for t in ["runs", "steps", "rollouts", "tokens", "token_passes", "prm_steps"]}
+    for table in kinds:
+        exported = con.execute(f"SELECT * FROM {table} ORDER BY ALL").df()
+        live = r.sql(f"SELECT * FROM {table} ORDER BY ALL")
+        pd.testing.assert_frame_equal(exported, live)
+    assert con.execute("SELECT DISTINCT run FROM tokens").fetchall() == [("a",)]
+    con.close()
+    with pytest.raises(RunLogError, match="already exists"):
+        r.export(out)
+    assert not [p for p in tmp_path.iterdir() if p.name.startswith(".tmp")]
