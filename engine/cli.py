@@ -20,14 +20,80 @@ def _add_logs_dir(parser: argparse.ArgumentParser) -> None:
 # ---------------------------------------------------------------- train
 
 
+TRAIN_EXAMPLES = """examples:
+  policylens train --algo dapo --task linear --steps 200 --run-name dapo-linear
+  policylens train --algo grpo --supervision process --run-name grpo-prm
+  policylens train --config my.json --eps-high 0.3 --run-name custom     (file, then flags)
+  policylens train --resume dapo-linear --steps 300                      (continue, same step numbering)
+"""
+
+# Fields that may change when a run is resumed; the rest of the saved config is the run's identity.
+RESUME_OVERRIDABLE = ("steps", "eval_every", "checkpoint_every", "device", "log_tokens")
+
+
 def add_train_command(subparsers) -> None:
-    parser = subparsers.add_parser("train", help="train a policy and log every token")
+    from engine.config import add_config_arguments
+
+    parser = subparsers.add_parser(
+        "train", help="train a policy and log every token", epilog=TRAIN_EXAMPLES,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        description="Train a tiny policy with GRPO, DAPO, GSPO, ASPO ... and log every token of every step. "
+        "Every config field is a flag; unset flags come from --config, then the algorithm preset.",
+    )
     _add_logs_dir(parser)
+    parser.add_argument("--run-name", help="name of the new run (default: <algo>-<task>-<date>-<time>)")
+    parser.add_argument("--config", metavar="FILE", help="JSON config file (field: value); flags override it")
+    parser.add_argument("--resume", metavar="NAME", help="continue the run NAME from its last checkpoint")
+    parser.add_argument("--cache-dir", help="where warm-started models are cached (default: <logs-dir>/.cache)")
+    parser.add_argument("--threads", type=int, default=0, help="torch CPU threads (default: torch's choice)")
+    parser.add_argument("--no-progress", action="store_true", help="no progress bar")
+    parser.add_argument("--print-config", action="store_true", help="print the resolved config as JSON and exit")
+    add_config_arguments(parser)
     parser.set_defaults(func=run_train)
 
 
 def run_train(args: argparse.Namespace) -> int:
-    raise SystemExit("policylens train: not available yet")
+    import json
+    import time
+
+    from engine.config import ConfigError, TrainConfig, config_from_args, knob_fields
+
+    try:
+        if args.resume:
+            run_json = Path(args.logs_dir) / args.resume / "run.json"
+            if not run_json.is_file():
+                return _fail("train", f"no run {args.resume!r} in {args.logs_dir} (no {run_json.name})")
+            saved = json.loads(run_json.read_text())["config"]
+            given = {f.name: getattr(args, f.name) for f in knob_fields() if getattr(args, f.name) is not None}
+            fixed = sorted(k for k in given if k not in RESUME_OVERRIDABLE and given[k] != saved.get(k))
+            if fixed or args.config:
+                return _fail("train", f"--resume continues the saved config; only {', '.join(RESUME_OVERRIDABLE)} "
+                             f"may change (got {', '.join(fixed) or '--config'})")
+            cfg = TrainConfig.from_dict(saved, **given)
+            name = args.resume
+        else:
+            cfg = config_from_args(args)
+            name = args.run_name or f"{cfg.algo}-{cfg.task}-{time.strftime('%Y%m%d-%H%M%S')}"
+    except ConfigError as err:
+        return _fail("train", err)
+    if args.print_config:
+        print(json.dumps(cfg.to_dict(), indent=2))
+        return 0
+
+    from engine.rollout import DynamicSamplingError
+    from engine.runlog import RunLogError
+    from engine.train import train
+
+    try:
+        status = train(cfg, name, args.logs_dir, resume=bool(args.resume), cache_dir=args.cache_dir,
+                       progress=not args.no_progress, num_threads=args.threads or None)
+    except (RunLogError, DynamicSamplingError, FileNotFoundError, ValueError) as err:
+        return _fail("train", err)
+    except KeyboardInterrupt:
+        print(f"policylens train: aborted; run {name!r} marked stopped", file=sys.stderr)
+        return 130
+    print(f"run {name!r} {status}: {Path(args.logs_dir) / name}")
+    return 0
 
 
 # ---------------------------------------------------------------- runs / sql / export

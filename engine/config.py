@@ -1,0 +1,442 @@
+"""One training configuration: every knob of a PolicyLens run, with the published defaults of each algorithm.
+
+    from engine.config import TrainConfig
+    cfg = TrainConfig(algo="dapo", task="linear", steps=200)     # presets filled in, then validated
+    cfg = TrainConfig.from_file("my.json", algo="gspo")         # file values, then keyword overrides
+    cfg.to_dict()                                               # the fully resolved config saved with the run
+
+A field left at `None` is filled from the algorithm preset when the config is built (`__post_init__`), so the saved
+config always holds concrete numbers. The objective's own hyper-parameters (clip ranges, KL weight, aggregation ...)
+come from `engine.objectives.defaults(algo)`, the single place where the papers' numbers live; this file only adds
+the loop-level settings (passes per batch, dynamic sampling, overlong shaping) that the papers prescribe.
+
+Every field has a docstring right under it; `field_docs()` reads them so that `policylens train --help` shows the
+same text and every field is a command-line flag (`--eps-high 0.28`, `--no-dynamic-sampling`, ...).
+
+Departures from the papers, on purpose (the papers train 7B-32B models on thousands of GPUs; we train a ~1M-parameter
+model on two CPU cores):
+1. Group size, batch size and response length are small (G = 8, not 16-64; tens of tokens, not 20k).
+2. DAPO's overlong buffer is scaled with the response budget: L_cache = L_max / 5 (paper: 4096 of 20480).
+3. The learning rate is far higher than the papers' 1e-6 because the model is tiny and the run is minutes long.
+"""
+
+from __future__ import annotations
+
+import ast
+import dataclasses
+import inspect
+import itertools
+import json
+import textwrap
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+SUPERVISIONS = ("outcome", "process")
+DEVICES = ("auto", "cpu", "cuda", "mps")
+
+
+class ConfigError(ValueError):
+    """A configuration that cannot train; the message says which field and what to do about it."""
+
+
+# Loop-level settings each algorithm's paper prescribes (the objective's own numbers come from
+# engine.objectives.defaults). Keys are TrainConfig fields; anything not listed falls back to LOOP_DEFAULTS.
+ALGO_PRESETS: dict[str, dict[str, Any]] = {
+    # GRPO (arXiv 2402.03300, sec. 4.1): clipped surrogate + k3 KL; we use 2 epochs x 2 mini-batches so that the
+    # ratio leaves 1 and the clip really acts (ALGORITHMS.md "Why clipping needs off-policy updates").
+    "grpo": {},
+    # DAPO (arXiv 2503.14476): dynamic sampling (sec. 3.2), token-level loss (3.3), overlong shaping (3.4, eq. 13).
+    "dapo": {"dynamic_sampling": True, "overlong_shaping": True},
+    # GSPO (arXiv 2507.18071, sec. 5.1): each rollout batch is split into 4 mini-batches.
+    "gspo": {"minibatches": 4},
+    "gspo_token": {"minibatches": 4},
+    # ASPO (arXiv 2510.06062; Archer2.0 code): 3 update epochs per batch.
+    "aspo": {"epochs": 3},
+    # Dr. GRPO (arXiv 2503.20783, sec. 3.2): A = R - mean(R), no division by the std.
+    "dr_grpo": {"scale_adv_by_std": False},
+    # CISPO (MiniMax-M1, arXiv 2506.13585 sec. 3.1): clipped, stop-gradient IS weight; every token keeps a gradient.
+    "cispo": {},
+    # SAPO (arXiv 2511.20347) and GMPO (arXiv 2507.20673): objective-only changes.
+    "sapo": {},
+    "gmpo": {},
+}
+
+LOOP_DEFAULTS: dict[str, Any] = {
+    "epochs": 2,
+    "minibatches": 2,
+    "dynamic_sampling": False,
+    "overlong_shaping": False,
+    "scale_adv_by_std": True,
+}
+
+# TrainConfig fields that are hyper-parameters of engine.objectives.policy_loss (passed as overrides).
+OBJECTIVE_FIELDS = (
+    "eps_low",
+    "eps_high",
+    "beta",
+    "aggregation",
+    "dual_clip",
+    "tau_pos",
+    "tau_neg",
+    "entropy_quantile",
+    "eps_high_entropy",
+    "max_len",
+)
+
+
+@dataclass
+class TrainConfig:
+    # ------------------------------------------------------------------ what to train
+    algo: str = "grpo"
+    """Algorithm preset (grpo, dapo, gspo, gspo_token, aspo, dr_grpo, cispo, sapo, gmpo): sets the objective and
+    the loop settings its paper prescribes; any field given explicitly overrides the preset."""
+    task: str = "linear"
+    """Task with an exact verifier (see engine.tasks): `linear` (solve a x + b = c, the seed's example) or the
+    variable-length task."""
+    supervision: str = "outcome"
+    """`outcome`: one reward per completion, every token gets the group-normalised advantage (GRPO sec. 4.1.2).
+    `process`: the task's step verifier scores each step; token advantages sum the normalised step rewards of
+    the steps ending at or after the token (GRPO sec. 4.1.3)."""
+    model: str | None = None
+    """Directory of a local transformers causal LM and its tokenizer to train instead of the built-in tiny model
+    (loaded with from_pretrained; nothing is downloaded). It is also pi_ref. None: the built-in warm-started model."""
+    seed: int = 0
+    """Seeds the RL run (prompt order, sampling, mini-batch shuffling): two CPU runs with the same config log the
+    same numbers."""
+    task_seed: int = 0
+    """Seeds the task's train/held-out split and the warm start, kept apart from `seed` so that runs with different
+    seeds share the same held-out prompts (comparable by prompt_id) and the same cached warm start."""
+    device: str = "auto"
+    """`auto` (CUDA when available, else CPU), `cpu`, `cuda` or `mps`."""
+    steps: int = 100
+    """Number of training steps (one sampled batch each, then `epochs x minibatches` optimizer steps)."""
+
+    # ------------------------------------------------------------------ built-in model and warm start
+    sft_steps: int | None = None
+    """Supervised warm-start steps for the built-in model (None: engine.policy's default). The warm start is
+    cached, so repeated runs reuse it; it is deliberately imperfect so that RL has headroom."""
+    model_size: str = "default"
+    """Built-in model size: `default` (well under 5M parameters) or `tiny` (for tests and smoke runs)."""
+
+    # ------------------------------------------------------------------ sampling
+    batch_size: int = 64
+    """Completions per training step (= prompts per step x group_size)."""
+    group_size: int = 8
+    """G, completions sampled per prompt; the advantage baseline is the group mean (GRPO; the paper uses 64,
+    DAPO 16). Must be at least 2."""
+    temperature: float = 1.0
+    """Sampling temperature for training rollouts (DAPO and GSPO sample at 1.0). Log-probs are computed at the same
+    temperature so that the sampled policy is the policy being optimised."""
+    top_p: float = 1.0
+    """Nucleus sampling threshold for training rollouts (1.0 = off, as in DAPO)."""
+    max_new_tokens: int | None = None
+    """Response budget in tokens; a completion without EOS within it is `truncated`. None: the task's budget (its
+    longest reference solution + EOS + 8 tokens of slack: 30 for linear, 102 for chain)."""
+
+    # ------------------------------------------------------------------ rewards and filtering
+    overlong_shaping: bool | None = None
+    """DAPO soft overlong punishment (arXiv 2503.14476 eq. 13) added to the correctness reward. Preset: on for dapo."""
+    overlong_max_len: int | None = None
+    """L_max of the overlong shaping, in tokens. None: max_new_tokens (the paper's 20480 is its generation budget)."""
+    overlong_cache_len: int | None = None
+    """L_cache, the soft-punishment buffer below L_max. None: overlong_max_len // 5 (paper 4096 of 20480)."""
+    overlong_filter: bool = False
+    """Overlong filtering (DAPO sec. 3.4; TRL mask_truncated_completions): truncated completions get mask 0 in the
+    loss, their rewards still enter the group statistics."""
+    dynamic_sampling: bool | None = None
+    """DAPO dynamic sampling (sec. 3.2): drop groups whose rewards are all equal and sample further batches until
+    the batch is full of mixed groups. Preset: on for dapo."""
+    max_gen_batches: int = 10
+    """Dynamic sampling gives up with an error after this many generation batches in one step (verl default 10)."""
+
+    # ------------------------------------------------------------------ advantages
+    scale_adv_by_std: bool | None = None
+    """Divide the group-centred reward by the group std (GRPO). Preset: off for dr_grpo (arXiv 2503.20783)."""
+
+    # ------------------------------------------------------------------ objective (None: engine.objectives.defaults)
+    eps_low: float | None = None
+    """Lower clip range: ratio < 1 - eps_low with A < 0 is clipped (GRPO/DAPO 0.2; GSPO 3e-4 on the sequence ratio)."""
+    eps_high: float | None = None
+    """Upper clip range: ratio > 1 + eps_high with A > 0 is clipped (GRPO 0.2; DAPO clip-higher 0.28; GSPO 4e-4)."""
+    beta: float | None = None
+    """Weight of the k3 KL penalty to pi_ref in the loss (GRPO 0.04, ASPO 0.001, DAPO/GSPO 0)."""
+    aggregation: str | None = None
+    """How token losses become one number (seq-mean-token-mean for GRPO, token-mean for DAPO/ASPO/CISPO,
+    seq-sum for Dr. GRPO, per sequence for GSPO); see engine.objectives."""
+    dual_clip: float | None = None
+    """Dual-clip / soft-cap constant c (ASPO c = 3: weights above c are capped, gradient kept)."""
+    tau_pos: float | None = None
+    """SAPO gate temperature for A > 0 tokens (arXiv 2511.20347: 1.0)."""
+    tau_neg: float | None = None
+    """SAPO gate temperature for A < 0 tokens (arXiv 2511.20347: 1.05)."""
+    entropy_quantile: float | None = None
+    """ASPO: tokens above this entropy quantile of their response use eps_high_entropy (Archer2.0: 0.8)."""
+    eps_high_entropy: float | None = None
+    """ASPO: clip range for high-entropy tokens (Archer2.0: 0.4)."""
+    max_len: int | None = None
+    """Constant normaliser L_max of Dr. GRPO's seq-mean-token-sum-norm aggregation. None: max_new_tokens (so the
+    loss scale does not depend on the longest completion of a mini-batch)."""
+
+    # ------------------------------------------------------------------ optimisation
+    epochs: int | None = None
+    """Passes over each sampled batch. Preset: 2 (ASPO 3). More than one pass makes ratios leave 1 so clipping acts."""
+    minibatches: int | None = None
+    """Mini-batches per epoch (one optimizer step each). Preset: 2 (GSPO 4, as in its paper)."""
+    lr: float = 2e-4
+    """AdamW learning rate (constant; the papers use 1e-6 on 7B+ models, a tiny model needs far more)."""
+    weight_decay: float = 0.0
+    """AdamW weight decay (verl and TRL default to 0 or 0.01 for RL; 0 keeps pi close to the warm start)."""
+    adam_beta1: float = 0.9
+    """AdamW beta1."""
+    adam_beta2: float = 0.99
+    """AdamW beta2 (0.99 as in DAPO/verl's RL recipes, rather than 0.999)."""
+    max_grad_norm: float = 1.0
+    """Gradient clipping by global norm (verl, TRL default 1.0). 0 disables it."""
+
+    # ------------------------------------------------------------------ evaluation, checkpoints, logging
+    eval_every: int = 10
+    """Held-out evaluation every N steps (and at step 0 and the last step). 0 disables evaluation."""
+    eval_size: int = 100
+    """Number of held-out prompts; the same prompts at every evaluation, so each can be followed across steps."""
+    eval_temperature: float | None = None
+    """Temperature of the sampled held-out accuracy. None: the training temperature."""
+    checkpoint_every: int = 25
+    """Save model, optimizer and RNG state into the run folder every N steps (and when stopping). 0: only when
+    stopping or finishing."""
+    log_tokens: bool = True
+    """Log per-token rows (tokens, token_passes, prm_steps). Off: only steps and rollouts (for benchmarking)."""
+
+    # ------------------------------------------------------------------ construction
+
+    def __post_init__(self) -> None:
+        # Idempotent: a resolved config (e.g. loaded from a run) has no None left to fill.
+        from engine import objectives, tasks
+
+        if self.task not in tasks.TASKS:
+            raise ConfigError(f"unknown task {self.task!r}; choose one of: {', '.join(tasks.TASKS)}")
+        if self.max_new_tokens is None:
+            self.max_new_tokens = tasks.get_task(self.task, seed=self.task_seed).max_new_tokens
+        if self.algo not in objectives.ALGORITHMS:
+            raise ConfigError(
+                f"unknown algo {self.algo!r}; choose one of: {', '.join(objectives.ALGORITHMS)}"
+            )
+        preset = {**LOOP_DEFAULTS, **ALGO_PRESETS.get(self.algo, {})}
+        for name, value in preset.items():
+            if getattr(self, name) is None:
+                setattr(self, name, value)
+        obj_defaults = objectives.defaults(self.algo)
+        for name in OBJECTIVE_FIELDS:
+            if getattr(self, name) is None and name in obj_defaults:
+                setattr(self, name, obj_defaults[name])
+        if self.max_len is None:
+            self.max_len = self.max_new_tokens
+        if self.overlong_max_len is None:
+            self.overlong_max_len = self.max_new_tokens
+        if self.overlong_cache_len is None:
+            self.overlong_cache_len = max(1, self.overlong_max_len // 5)
+        if self.eval_temperature is None:
+            self.eval_temperature = self.temperature
+        self.validate()
+
+    def validate(self) -> None:
+        """Refuse configurations that cannot train, with a message that says what to change."""
+        from engine import objectives, tasks
+
+        def bad(msg: str) -> None:
+            raise ConfigError(msg)
+
+        if self.algo not in objectives.ALGORITHMS:
+            bad(f"unknown algo {self.algo!r}; choose one of: {', '.join(objectives.ALGORITHMS)}")
+        if self.task not in tasks.TASKS:
+            bad(f"unknown task {self.task!r}; choose one of: {', '.join(tasks.TASKS)}")
+        if self.supervision not in SUPERVISIONS:
+            bad(f"supervision must be one of {SUPERVISIONS}, got {self.supervision!r}")
+        if self.device not in DEVICES:
+            bad(f"device must be one of {DEVICES}, got {self.device!r}")
+        if self.steps < 1:
+            bad(f"steps must be >= 1, got {self.steps}")
+        if self.group_size < 2:
+            bad(
+                f"group_size must be >= 2 (got {self.group_size}): the advantage is the reward minus the group "
+                "mean, so a group of one has no signal"
+            )
+        if self.batch_size < self.group_size or self.batch_size % self.group_size:
+            bad(
+                f"batch_size ({self.batch_size}) must be a positive multiple of group_size ({self.group_size}); "
+                f"e.g. --batch-size {max(1, self.batch_size // self.group_size) * self.group_size}"
+            )
+        if not 0.0 < self.temperature <= 10.0:
+            bad(f"temperature must be in (0, 10], got {self.temperature}")
+        if self.eval_temperature is not None and not 0.0 < self.eval_temperature <= 10.0:
+            bad(f"eval_temperature must be in (0, 10], got {self.eval_temperature}")
+        if not 0.0 < self.top_p <= 1.0:
+            bad(f"top_p must be in (0, 1], got {self.top_p}")
+        if self.max_new_tokens < 1:
+            bad(f"max_new_tokens must be >= 1, got {self.max_new_tokens}")
+        # GMPO clips log-ratios, so its eps are not bounded by 1; elsewhere 1 - eps is a ratio and must stay >= 0.
+        log_space = self.algo == "gmpo"
+        for name in ("eps_low", "eps_high", "eps_high_entropy"):
+            value = getattr(self, name)
+            if value is None:
+                continue
+            if value <= 0:
+                bad(f"{name} must be > 0, got {value}")
+            if name != "eps_high" and not log_space and value > 1.0:
+                bad(f"{name} must be in (0, 1]: the lower clip bound 1 - {name} cannot be negative, got {value}")
+        if self.beta is not None and self.beta < 0:
+            bad(f"beta (KL weight) must be >= 0, got {self.beta}")
+        if self.dual_clip is not None and self.dual_clip <= 1.0:
+            bad(f"dual_clip must be > 1 (it caps importance weights above 1), got {self.dual_clip}")
+        if self.entropy_quantile is not None and not 0.0 <= self.entropy_quantile <= 1.0:
+            bad(f"entropy_quantile must be in [0, 1], got {self.entropy_quantile}")
+        obj_defaults = objectives.defaults(self.algo)
+        for name in OBJECTIVE_FIELDS:
+            if getattr(self, name) is not None and name not in obj_defaults:
+                bad(
+                    f"{name} is not a hyper-parameter of {self.algo} (its knobs: "
+                    f"{', '.join(k for k in OBJECTIVE_FIELDS if k in obj_defaults)}); remove it or pick another algo"
+                )
+        if self.max_len is not None and self.max_len < self.max_new_tokens:
+            bad(
+                f"max_len ({self.max_len}) must be >= max_new_tokens ({self.max_new_tokens}): it normalises "
+                "token sums by the longest possible completion"
+            )
+        assert self.overlong_max_len is not None and self.overlong_cache_len is not None
+        if self.overlong_max_len < 1:
+            bad(f"overlong_max_len (L_max) must be >= 1, got {self.overlong_max_len}")
+        if not 0 < self.overlong_cache_len <= self.overlong_max_len:
+            bad(
+                f"overlong_cache_len (L_cache = {self.overlong_cache_len}) must be in [1, overlong_max_len = "
+                f"{self.overlong_max_len}]: the soft punishment ramps over the last L_cache tokens before L_max"
+            )
+        if self.max_gen_batches < 1:
+            bad(f"max_gen_batches must be >= 1, got {self.max_gen_batches}")
+        assert self.epochs is not None and self.minibatches is not None
+        if self.epochs < 1:
+            bad(f"epochs must be >= 1, got {self.epochs}")
+        if self.minibatches < 1 or self.minibatches > self.batch_size:
+            bad(f"minibatches must be in [1, batch_size = {self.batch_size}], got {self.minibatches}")
+        if self.lr <= 0:
+            bad(f"lr must be > 0, got {self.lr}")
+        if self.weight_decay < 0:
+            bad(f"weight_decay must be >= 0, got {self.weight_decay}")
+        for name in ("adam_beta1", "adam_beta2"):
+            if not 0.0 <= getattr(self, name) < 1.0:
+                bad(f"{name} must be in [0, 1), got {getattr(self, name)}")
+        if self.max_grad_norm < 0:
+            bad(f"max_grad_norm must be >= 0 (0 disables clipping), got {self.max_grad_norm}")
+        for name in ("eval_every", "checkpoint_every"):
+            if getattr(self, name) < 0:
+                bad(f"{name} must be >= 0 (0 disables it), got {getattr(self, name)}")
+        if self.eval_size < 1:
+            bad(f"eval_size must be >= 1, got {self.eval_size}")
+        if self.model_size not in ("default", "tiny"):
+            bad(f"model_size must be 'default' or 'tiny', got {self.model_size!r}")
+        if self.sft_steps is not None and self.sft_steps < 0:
+            bad(f"sft_steps must be >= 0, got {self.sft_steps}")
+
+    # ------------------------------------------------------------------ derived values
+
+    @property
+    def prompts_per_step(self) -> int:
+        """Groups (distinct prompts) per training step."""
+        return self.batch_size // self.group_size
+
+    def objective_overrides(self) -> dict[str, Any]:
+        """The keyword overrides passed to engine.objectives.policy_loss (only the algorithm's own knobs)."""
+        return {name: getattr(self, name) for name in OBJECTIVE_FIELDS if getattr(self, name) is not None}
+
+    # ------------------------------------------------------------------ (de)serialisation
+
+    def to_dict(self) -> dict[str, Any]:
+        """The resolved config as plain JSON values (saved in the run's run.json)."""
+        return {f.name: getattr(self, f.name) for f in knob_fields()}
+
+    @classmethod
+    def from_dict(cls, values: dict[str, Any], **overrides: Any) -> TrainConfig:
+        """Build from a dict (e.g. a saved run config), then apply keyword overrides. Unknown keys are errors."""
+        merged = {**values, **{k: v for k, v in overrides.items() if v is not None}}
+        names = {f.name for f in knob_fields()}
+        unknown = sorted(set(merged) - names)
+        if unknown:
+            raise ConfigError(f"unknown config field(s): {', '.join(unknown)}; known: {', '.join(sorted(names))}")
+        return cls(**merged)
+
+    @classmethod
+    def from_file(cls, path: str | Path, **overrides: Any) -> TrainConfig:
+        """Load a JSON config file (TOML too when the Python has tomllib, 3.11+), then apply overrides."""
+        path = Path(path)
+        try:
+            text = path.read_text()
+        except OSError as exc:
+            raise ConfigError(f"cannot read config file {path}: {exc}") from exc
+        if path.suffix == ".toml":
+            try:
+                import tomllib
+            except ImportError as exc:  # Python 3.10
+                raise ConfigError(f"{path}: TOML needs Python 3.11+; write the config as JSON") from exc
+            values = tomllib.loads(text)
+        else:
+            try:
+                values = json.loads(text)
+            except json.JSONDecodeError as exc:
+                raise ConfigError(f"{path} is not valid JSON: {exc}") from exc
+        if not isinstance(values, dict):
+            raise ConfigError(f"{path} must hold a JSON object of field: value pairs")
+        return cls.from_dict(values, **overrides)
+
+
+def knob_fields() -> list[dataclasses.Field]:
+    """The user-facing fields of TrainConfig, in declaration order."""
+    return [f for f in dataclasses.fields(TrainConfig) if not f.name.startswith("_")]
+
+
+def field_docs() -> dict[str, str]:
+    """Field name -> the docstring written under it in TrainConfig (parsed from the source)."""
+    tree = ast.parse(textwrap.dedent(inspect.getsource(TrainConfig)))
+    body = tree.body[0].body  # type: ignore[attr-defined]
+    docs: dict[str, str] = {}
+    for node, nxt in itertools.pairwise(body):
+        if (
+            isinstance(node, ast.AnnAssign)
+            and isinstance(node.target, ast.Name)
+            and isinstance(nxt, ast.Expr)
+            and isinstance(nxt.value, ast.Constant)
+            and isinstance(nxt.value.value, str)
+        ):
+            docs[node.target.id] = " ".join(nxt.value.value.split())
+    return docs
+
+
+def add_config_arguments(parser) -> None:
+    """Add one `--field-name` flag per TrainConfig field, default None (= config file, then preset)."""
+    import argparse
+
+    docs = field_docs()
+    group = parser.add_argument_group("config fields (default: the config file, then the algorithm preset)")
+    for f in knob_fields():
+        flag = "--" + f.name.replace("_", "-")
+        kind = _base_type(f)
+        help_text = docs.get(f.name, "")
+        if kind is bool:
+            group.add_argument(flag, dest=f.name, default=None, action=argparse.BooleanOptionalAction, help=help_text)
+        else:
+            group.add_argument(flag, dest=f.name, default=None, type=kind, help=help_text)
+
+
+def config_from_args(args) -> TrainConfig:
+    """Build the config from parsed CLI args: `--config FILE` first, then every flag given explicitly."""
+    overrides = {f.name: getattr(args, f.name, None) for f in knob_fields()}
+    if getattr(args, "config", None):
+        return TrainConfig.from_file(args.config, **overrides)
+    return TrainConfig.from_dict({}, **overrides)
+
+
+def _base_type(f: dataclasses.Field) -> type:
+    # Annotations are strings under `from __future__ import annotations`: "int | None" -> int.
+    annotation = str(f.type).replace(" ", "")
+    for name, kind in (("bool", bool), ("int", int), ("float", float), ("str", str)):
+        if annotation.split("|")[0] == name:
+            return kind
+    raise TypeError(f"unsupported config field type {f.type!r} for {f.name}")

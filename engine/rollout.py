@@ -1,0 +1,458 @@
+"""Sampling and scoring: G completions per prompt, their log-probs, entropies, rewards and advantages.
+
+    sampler = PromptSampler(task.train, seed=cfg.seed)
+    batch = collect_batch(policy, ref, tokenizer, task, sampler, cfg)   # a Batch of typed Rollouts + (B, T) tensors
+    evals = evaluate(policy, ref, tokenizer, task.heldout[:100], cfg)   # greedy + sampled held-out rollouts
+
+One training batch, in order (the "sample -> reward -> advantage" half of the loop in engine/train.py):
+1. draw `batch_size / G` training prompts, sample G completions each (temperature, top-p, max new tokens);
+2. score every completion: correctness (the task's exact verifier), the DAPO overlong term, and the task's step
+   verifier (process reward), each kept as its own component;
+3. DAPO dynamic sampling (when on): a group whose outcome carries no signal is dropped (and recorded as such), and
+   further generation batches are drawn until the batch is full; `max_gen_batches` bounds the attempts;
+4. advantages: group-normalised outcome rewards, or, under process supervision, normalised step rewards summed from
+   each token onwards (engine.advantages);
+5. one no-grad forward of the policy (old log-probs, entropy) and one of the reference (ref log-probs) over the batch.
+
+Layout of the tensors: every sequence is `[left-padded prompt | completion | right padding]`, exactly what
+`model.generate` returns, so old log-probs and the log-probs of the update passes come from the same computation and
+the first pass has ratio == 1. Completion tokens include the EOS token when the model emitted one: the policy must
+learn to stop, so EOS is scored like any other token. Log-probs are taken at the sampling temperature (as TRL does),
+so that the policy being optimised is the one that was sampled.
+
+Departures from the papers:
+1. Surplus mixed groups from the last dynamic-sampling batch are discarded without being logged (verl does the same).
+2. Under process supervision, dynamic sampling drops a group when all its step rewards are equal (its process
+   advantages are all zero), and overlong shaping is logged but does not enter the step rewards.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import torch
+import torch.nn.functional as F
+
+from engine.advantages import group_advantages, process_advantages
+from engine.rewards import overlong_penalty
+from engine.tasks import Problem, StepScore, Task
+
+# ----------------------------------------------------------------------------- records
+
+
+@dataclass
+class Rollout:
+    """One sampled completion with everything the update and the run log need (token-level data is in Batch)."""
+
+    problem: Problem
+    group_id: int
+    """Index of the prompt's group within the step (unique within the step)."""
+    index_in_group: int
+    completion_ids: list[int]
+    """Generated tokens, EOS included when emitted; no padding."""
+    completion: str
+    """Decoded completion text, without EOS."""
+    truncated: bool
+    """No EOS within max_new_tokens."""
+    reward_correct: float = 0.0
+    reward_length: float = 0.0
+    """DAPO soft overlong punishment (0 when shaping is off)."""
+    reward_process: float = 0.0
+    """Mean step score of the step verifier (0 when the completion has no steps); logged in both supervision modes."""
+    steps: list[StepScore] = field(default_factory=list)
+    step_last_token: list[int] = field(default_factory=list)
+    """Token index (within the completion) of the last token of each step."""
+    step_reward_norm: list[float] = field(default_factory=list)
+    """Step scores normalised over all steps of the group (process supervision; else empty)."""
+    advantage: float = 0.0
+    """Sequence advantage (process supervision: the advantage of the first token)."""
+    filtered: bool = False
+    filter_reason: str | None = None
+    """'all_correct' | 'all_wrong' | 'all_equal' (dynamic sampling) | 'overlong' (overlong filtering)."""
+
+    @property
+    def reward(self) -> float:
+        """Total outcome reward: correctness plus the overlong term (what outcome advantages are computed from)."""
+        return self.reward_correct + self.reward_length
+
+    @property
+    def length(self) -> int:
+        return len(self.completion_ids)
+
+
+@dataclass
+class Batch:
+    """A training batch of B = batch_size rollouts (G per prompt, groups contiguous) and its (B, T) tensors."""
+
+    rollouts: list[Rollout]
+    dropped: list[Rollout]
+    """Rollouts of groups dropped by dynamic sampling (no tensors; logged with filtered = True)."""
+    gen_batches: int
+    """Generation batches it took to fill the batch."""
+    input_ids: torch.Tensor  # (B, P + T) long: left-padded prompt | completion | right padding
+    attention_mask: torch.Tensor  # (B, P + T) long
+    prompt_len: int  # P
+    token_mask: torch.Tensor  # (B, T) float: 1 on completion tokens (EOS included)
+    loss_mask: torch.Tensor  # (B, T) float: token_mask, with overlong-filtered rollouts zeroed
+    old_logp: torch.Tensor  # (B, T) float
+    ref_logp: torch.Tensor | None  # (B, T) float, None when no reference is needed
+    entropy: torch.Tensor  # (B, T) float, entropy of the sampling distribution at each position
+    advantages: torch.Tensor  # (B, T) float
+    prm_step: torch.Tensor  # (B, T) long: index of the step a token belongs to, -1 if none
+
+    @property
+    def completion_ids(self) -> torch.Tensor:  # (B, T)
+        return self.input_ids[:, self.prompt_len :]
+
+
+# ----------------------------------------------------------------------------- prompts
+
+
+class PromptSampler:
+    """Draws training prompts with its own seeded RNG, so the prompt stream is reproducible and checkpointable."""
+
+    def __init__(self, problems: Sequence[Problem], seed: int):
+        self.problems = problems
+        self.rng = random.Random(f"prompts:{seed}")
+
+    def draw(self, n: int) -> list[Problem]:
+        return self.rng.sample(list(self.problems), n) if n <= len(self.problems) else self.rng.choices(
+            list(self.problems), k=n
+        )
+
+    def state_dict(self) -> dict:
+        return {"rng": self.rng.getstate()}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.rng.setstate(state["rng"])
+
+
+# ----------------------------------------------------------------------------- model calls
+
+
+@torch.no_grad()
+def generate(model, tokenizer, prompts: list[str], *, do_sample: bool, temperature: float, top_p: float,
+             max_new_tokens: int) -> tuple[torch.Tensor, torch.Tensor, int]:
+    """Sample one completion per prompt. Returns (input_ids (N, P+T), attention_mask (N, P+T), P).
+
+    Positions after a sequence's EOS hold the pad token and have attention_mask 0.
+    """
+    device = next(model.parameters()).device
+    enc = tokenizer(prompts, return_tensors="pt", padding=True, padding_side="left")
+    prompt_ids = enc["input_ids"].to(device)  # (N, P)
+    prompt_mask = enc["attention_mask"].to(device)  # (N, P)
+    P = prompt_ids.shape[1]
+    kwargs = dict(do_sample=do_sample, max_new_tokens=max_new_tokens, pad_token_id=tokenizer.pad_token_id,
+                  eos_token_id=tokenizer.eos_token_id)
+    if do_sample:
+        kwargs.update(temperature=temperature, top_p=top_p, top_k=0)
+    else:
+        kwargs.update(temperature=None, top_p=None, top_k=None)
+    out = model.generate(input_ids=prompt_ids, attention_mask=prompt_mask, **kwargs)  # (N, P + T)
+    completion = out[:, P:]  # (N, T)
+    # A completion ends at its first EOS (inclusive); everything after is padding.
+    is_eos = completion == tokenizer.eos_token_id
+    after_eos = (is_eos.long().cumsum(-1) - is_eos.long()) > 0  # (N, T) strictly after the first EOS
+    completion_mask = (~after_eos).long()
+    completion = completion.masked_fill(after_eos, tokenizer.pad_token_id)
+    input_ids = torch.cat([prompt_ids, completion], dim=1)
+    attention_mask = torch.cat([prompt_mask, completion_mask], dim=1)
+    return input_ids, attention_mask, P
+
+
+def token_logprobs(model, input_ids: torch.Tensor, attention_mask: torch.Tensor, prompt_len: int,
+                   temperature: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """Log-prob of every completion token and the entropy of its distribution, both (N, T).
+
+    Differentiable (call under torch.no_grad() for old/ref log-probs). Position ids count real tokens only, as
+    `generate` does for left-padded prompts, so a prompt's padding does not shift its positions.
+    """
+    position_ids = (attention_mask.cumsum(-1) - 1).clamp(min=0)  # (N, L)
+    logits = model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids).logits
+    logits = logits[:, prompt_len - 1 : -1].float() / temperature  # (N, T, V) predicts completion tokens
+    logp_all = F.log_softmax(logits, dim=-1)  # (N, T, V)
+    targets = input_ids[:, prompt_len:]  # (N, T)
+    logp = logp_all.gather(-1, targets.unsqueeze(-1)).squeeze(-1)  # (N, T)
+    entropy = -(logp_all.exp() * logp_all).sum(-1)  # (N, T)
+    return logp, entropy
+
+
+# ----------------------------------------------------------------------------- text <-> tokens
+
+
+class TokenText:
+    """Decodes single tokens (cached) and maps character offsets of a completion to token indices."""
+
+    def __init__(self, tokenizer):
+        self.tokenizer = tokenizer
+        self.cache: dict[int, str] = {}
+
+    def token(self, token_id: int) -> str:
+        text = self.cache.get(token_id)
+        if text is None:
+            text = self.tokenizer.decode([token_id], skip_special_tokens=False)
+            self.cache[token_id] = text
+        return text
+
+    def completion_text(self, ids: list[int]) -> str:
+        return self.tokenizer.decode(ids, skip_special_tokens=True)
+
+    def char_ends(self, ids: list[int], text: str) -> list[int]:
+        """ends[k] = number of characters of `text` covered by tokens 0..k (ids without EOS)."""
+        pieces = [self.token(i) for i in ids]
+        if "".join(pieces) == text:
+            ends, total = [], 0
+            for p in pieces:
+                total += len(p)
+                ends.append(total)
+            return ends
+        # Tokenizers whose single-token decodes do not concatenate (byte-level BPE, added spaces): decode prefixes.
+        return [len(self.tokenizer.decode(ids[: k + 1], skip_special_tokens=True)) for k in range(len(ids))]
+
+
+def step_token_ends(steps: list[StepScore], char_ends: list[int]) -> list[int]:
+    """Token index of the last token of each step: the first token whose end covers the step's last character."""
+    out = []
+    k = 0
+    for s in steps:
+        while k < len(char_ends) - 1 and char_ends[k] < s.end:
+            k += 1
+        out.append(k)
+    return out
+
+
+# ----------------------------------------------------------------------------- scoring
+
+
+def score(task: Task, rollouts: list[Rollout], tt: TokenText, *, overlong_shaping: bool, l_max: int,
+          l_cache: int) -> None:
+    """Fill every reward component of each rollout (in place)."""
+    for r in rollouts:
+        r.reward_correct = task.outcome_reward(r.problem, r.completion)
+        r.reward_length = overlong_penalty(r.length, l_max, l_cache) if overlong_shaping else 0.0
+        r.steps = task.process_reward(r.problem, r.completion)
+        r.reward_process = sum(s.score for s in r.steps) / len(r.steps) if r.steps else 0.0
+        if r.steps:
+            text_ids = r.completion_ids[:-1] if not r.truncated else r.completion_ids
+            r.step_last_token = step_token_ends(r.steps, tt.char_ends(text_ids, r.completion))
+
+
+def group_signal(group: list[Rollout], supervision: str) -> str | None:
+    """None if the group carries a learning signal, else why not ('all_correct' | 'all_wrong' | 'all_equal')."""
+    if supervision == "process":
+        scores = [tuple(s.score for s in r.steps) for r in group]
+        flat = [x for s in scores for x in s]
+        if flat and max(flat) != min(flat):
+            return None
+    elif len({r.reward for r in group}) > 1:
+        return None
+    correct = {r.reward_correct for r in group}
+    if correct == {1.0}:
+        return "all_correct"
+    if correct == {0.0}:
+        return "all_wrong"
+    return "all_equal"
+
+
+# ----------------------------------------------------------------------------- the batch
+
+
+class DynamicSamplingError(RuntimeError):
+    """Dynamic sampling could not fill a batch with mixed groups within max_gen_batches."""
+
+
+def sample_groups(model, tokenizer, tt: TokenText, task: Task, problems: list[Problem], cfg, first_group_id: int
+                  ) -> tuple[list[Rollout], torch.Tensor, torch.Tensor, int]:
+    """Generate G completions for each problem and score them. Returns rollouts, input_ids, attention_mask, P."""
+    G = cfg.group_size
+    prompts = [p.prompt for p in problems for _ in range(G)]
+    input_ids, attention_mask, P = generate(model, tokenizer, prompts, do_sample=True, temperature=cfg.temperature,
+                                            top_p=cfg.top_p, max_new_tokens=cfg.max_new_tokens)
+    completion_mask = attention_mask[:, P:]  # (N, T)
+    lengths = completion_mask.sum(-1).tolist()
+    comp = input_ids[:, P:].tolist()
+    rollouts = []
+    for n, problem in enumerate(p for p in problems for _ in range(G)):
+        ids = comp[n][: lengths[n]]
+        truncated = not ids or ids[-1] != tokenizer.eos_token_id
+        rollouts.append(Rollout(
+            problem=problem, group_id=first_group_id + n // G, index_in_group=n % G, completion_ids=ids,
+            completion=tt.completion_text(ids), truncated=truncated,
+        ))
+    score(task, rollouts, tt, overlong_shaping=cfg.overlong_shaping, l_max=cfg.overlong_max_len,
+          l_cache=cfg.overlong_cache_len)
+    return rollouts, input_ids, attention_mask, P
+
+
+def _pad_cat(tensors: list[torch.Tensor], prompt_lens: list[int], pad_id: int) -> tuple[torch.Tensor, int]:
+    """Concatenate [prompt | completion] tensors of different P and T into one (N, P_max + T_max) layout."""
+    P = max(prompt_lens)
+    T = max(t.shape[1] - p for t, p in zip(tensors, prompt_lens, strict=True))
+    out = []
+    for t, p in zip(tensors, prompt_lens, strict=True):
+        left = t.new_full((t.shape[0], P - p), pad_id)
+        right = t.new_full((t.shape[0], T - (t.shape[1] - p)), pad_id)
+        out.append(torch.cat([left, t, right], dim=1))
+    return torch.cat(out, dim=0), P
+
+
+def collect_batch(policy, ref, tokenizer, task: Task, sampler: PromptSampler, cfg, tt: TokenText | None = None
+                  ) -> Batch:
+    """Sample, score, (dynamically) filter and compute advantages and old/ref log-probs for one training step."""
+    tt = tt or TokenText(tokenizer)
+    G, n_groups = cfg.group_size, cfg.prompts_per_step
+    kept: list[list[Rollout]] = []  # groups
+    kept_rows: list[tuple[torch.Tensor, torch.Tensor, int]] = []  # per group: input_ids, attention_mask, P
+    dropped: list[Rollout] = []
+    gen_batches = 0
+    group_counter = 0
+    while len(kept) < n_groups:
+        if gen_batches >= cfg.max_gen_batches:
+            reasons: dict[str, int] = {}
+            for r in dropped[::G]:
+                reasons[r.filter_reason] = reasons.get(r.filter_reason, 0) + 1
+            raise DynamicSamplingError(
+                f"dynamic sampling kept only {len(kept)} of {n_groups} groups after {gen_batches} generation "
+                f"batches (dropped: {reasons or 'none'}): the policy's groups are almost all correct or all wrong. "
+                "Raise --max-gen-batches, raise --group-size, use an easier/harder task, or --no-dynamic-sampling."
+            )
+        problems = sampler.draw(n_groups)
+        rollouts, input_ids, attention_mask, P = sample_groups(policy, tokenizer, tt, task, problems, cfg,
+                                                               group_counter)
+        group_counter += len(problems)
+        gen_batches += 1
+        for g in range(len(problems)):
+            group = rollouts[g * G : (g + 1) * G]
+            reason = group_signal(group, cfg.supervision) if cfg.dynamic_sampling else None
+            if reason is not None:
+                for r in group:
+                    r.filtered, r.filter_reason = True, reason
+                dropped.extend(group)
+            elif len(kept) < n_groups:
+                kept.append(group)
+                sl = slice(g * G, (g + 1) * G)
+                kept_rows.append((input_ids[sl], attention_mask[sl], P))
+        if not cfg.dynamic_sampling:
+            break
+
+    # Renumber kept groups 0..n_groups-1 so that group g holds rows g*G..g*G+G-1 of the batch tensors.
+    rollouts = [r for group in kept for r in group]
+    for i, group in enumerate(kept):
+        for r in group:
+            r.group_id = i
+    for j, r in enumerate(dropped):
+        r.group_id = n_groups + j // G
+    input_ids, P = _pad_cat([x[0] for x in kept_rows], [x[2] for x in kept_rows], tokenizer.pad_token_id)
+    attention_mask, _ = _pad_cat([x[1] for x in kept_rows], [x[2] for x in kept_rows], 0)
+    B, T = len(rollouts), input_ids.shape[1] - P
+    token_mask = attention_mask[:, P:].float()  # (B, T)
+
+    # ---- advantages
+    advantages = torch.zeros(B, T)  # (B, T)
+    prm_step = torch.full((B, T), -1, dtype=torch.long)  # (B, T)
+    for b, r in enumerate(rollouts):
+        for j, last in enumerate(r.step_last_token):
+            first = r.step_last_token[j - 1] + 1 if j else 0
+            prm_step[b, first : last + 1] = j
+    if cfg.supervision == "process":
+        for g in range(n_groups):
+            group = rollouts[g * G : (g + 1) * G]
+            step_rewards = [[s.score for s in r.steps] for r in group]
+            adv = process_advantages(step_rewards, [r.step_last_token for r in group], [r.length for r in group])
+            adv = torch.as_tensor(adv, dtype=torch.float32)  # (G, maxlen)
+            width = min(adv.shape[1], T)
+            advantages[g * G : (g + 1) * G, :width] = adv[:, :width]
+            flat = torch.tensor([x for s in step_rewards for x in s], dtype=torch.float64)
+            mean = flat.mean() if len(flat) else 0.0
+            std = flat.std() if len(flat) > 1 else torch.tensor(0.0, dtype=torch.float64)
+            for i, (r, scores) in enumerate(zip(group, step_rewards, strict=True)):
+                r.step_reward_norm = [float((x - mean) / (std + 1e-6)) for x in scores]
+                r.advantage = float(adv[i, 0]) if r.length and adv.shape[1] else 0.0
+    else:
+        rewards = torch.tensor([r.reward for r in rollouts], dtype=torch.float32)  # (B,)
+        seq_adv = group_advantages(rewards, G, scale_by_std=cfg.scale_adv_by_std)  # (B,)
+        seq_adv = torch.as_tensor(seq_adv, dtype=torch.float32)
+        advantages = seq_adv[:, None].expand(B, T).clone()
+        for r, a in zip(rollouts, seq_adv.tolist(), strict=True):
+            r.advantage = a
+    advantages = advantages * token_mask  # (B, T)
+
+    loss_mask = token_mask.clone()  # (B, T)
+    if cfg.overlong_filter:
+        for b, r in enumerate(rollouts):
+            if r.truncated:
+                loss_mask[b] = 0.0
+                r.filtered, r.filter_reason = True, "overlong"
+
+    # ---- old and reference log-probs (no grad, one forward each)
+    device = input_ids.device
+    with torch.no_grad():
+        old_logp, entropy = token_logprobs(policy, input_ids, attention_mask, P, cfg.temperature)
+        ref_logp = None
+        if ref is not None:
+            ref_logp, _ = token_logprobs(ref, input_ids, attention_mask, P, cfg.temperature)
+    return Batch(
+        rollouts=rollouts, dropped=dropped, gen_batches=gen_batches, input_ids=input_ids,
+        attention_mask=attention_mask, prompt_len=P, token_mask=token_mask.to(device),
+        loss_mask=loss_mask.to(device), old_logp=old_logp * token_mask.to(device), ref_logp=ref_logp,
+        entropy=entropy * token_mask.to(device), advantages=advantages.to(device), prm_step=prm_step.to(device),
+    )
+
+
+# ----------------------------------------------------------------------------- held-out evaluation
+
+
+@dataclass
+class EvalResult:
+    """Held-out rollouts: index_in_group 0 is the greedy completion, 1 the sampled one, for each prompt."""
+
+    rollouts: list[Rollout]
+    input_ids: torch.Tensor  # (2E, P + T)
+    attention_mask: torch.Tensor  # (2E, P + T)
+    prompt_len: int
+    old_logp: torch.Tensor  # (2E, T) log-probs of the evaluated policy at the training temperature
+    ref_logp: torch.Tensor | None  # (2E, T)
+    entropy: torch.Tensor  # (2E, T)
+    accuracy_greedy: float
+    accuracy_sampled: float
+
+
+@torch.no_grad()
+def evaluate(policy, ref, tokenizer, task: Task, problems: list[Problem], cfg, seed: int,
+             tt: TokenText | None = None) -> EvalResult:
+    """Greedy and sampled accuracy on a fixed prompt set; the sampling RNG is forked so training is unaffected."""
+    tt = tt or TokenText(tokenizer)
+    E = len(problems)
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        greedy = generate(policy, tokenizer, [p.prompt for p in problems], do_sample=False, temperature=1.0,
+                          top_p=1.0, max_new_tokens=cfg.max_new_tokens)
+        sampled = generate(policy, tokenizer, [p.prompt for p in problems], do_sample=True,
+                           temperature=cfg.eval_temperature, top_p=cfg.top_p, max_new_tokens=cfg.max_new_tokens)
+    input_ids, P = _pad_cat([greedy[0], sampled[0]], [greedy[2], sampled[2]], tokenizer.pad_token_id)
+    attention_mask, _ = _pad_cat([greedy[1], sampled[1]], [greedy[2], sampled[2]], 0)
+    lengths = attention_mask[:, P:].sum(-1).tolist()
+    comp = input_ids[:, P:].tolist()
+    rollouts = []
+    for n in range(2 * E):
+        ids = comp[n][: lengths[n]]
+        rollouts.append(Rollout(
+            problem=problems[n % E], group_id=n % E, index_in_group=n // E, completion_ids=ids,
+            completion=tt.completion_text(ids), truncated=not ids or ids[-1] != tokenizer.eos_token_id,
+        ))
+    score(task, rollouts, tt, overlong_shaping=cfg.overlong_shaping, l_max=cfg.overlong_max_len,
+          l_cache=cfg.overlong_cache_len)
+    token_mask = attention_mask[:, P:].float()
+    old_logp, entropy = token_logprobs(policy, input_ids, attention_mask, P, cfg.temperature)
+    ref_logp = None
+    if ref is not None:
+        ref_logp, _ = token_logprobs(ref, input_ids, attention_mask, P, cfg.temperature)
+        ref_logp = ref_logp * token_mask
+    return EvalResult(
+        rollouts=rollouts, input_ids=input_ids, attention_mask=attention_mask, prompt_len=P,
+        old_logp=old_logp * token_mask, ref_logp=ref_logp, entropy=entropy * token_mask,
+        accuracy_greedy=sum(r.reward_correct for r in rollouts[:E]) / E,
+        accuracy_sampled=sum(r.reward_correct for r in rollouts[E:]) / E,
+    )

@@ -1,0 +1,478 @@
+"""The training loop: sample -> reward -> advantage -> update -> evaluate -> log, one flat function.
+
+    policylens train --algo dapo --task linear --steps 200 --run-name dapo-linear
+    policylens train --resume dapo-linear --steps 300          # continue the same run, same step numbering
+
+    from engine.config import TrainConfig
+    from engine.train import train
+    train(TrainConfig(algo="gspo", steps=50), run_name="gspo-1", logs_dir="logs")
+
+Each step samples one batch of `batch_size` completions (G per prompt) from the current policy, which becomes
+pi_old for that step, then runs `epochs x minibatches` AdamW steps on it. From the second pass on, the policy has
+moved, so ratios leave 1 and the clip of each objective really acts (ALGORITHMS.md "Why clipping needs off-policy
+updates"). Everything the objective did is recorded through engine.runlog: per token per pass the log-prob the loss
+used, ratio, clip code, gradient weight, token loss and KL.
+
+Step 0 is the warm start: only the held-out evaluation is logged there, so every curve starts at the warm start.
+
+Departures from the papers:
+1. The entropy passed to ASPO's entropy-dependent clip is the current pass's (detached), as in the Archer2.0 code,
+   which computes it in the update forward.
+2. The sequence ratio logged per pass (`rollouts.seq_ratio`) is the plain geometric mean of token ratios, before any
+   algorithm-specific clipping (GMPO clips token log-ratios first).
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+import os
+import random
+import signal
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from engine.config import TrainConfig
+from engine.objectives import policy_loss
+from engine.rollout import Batch, EvalResult, PromptSampler, TokenText, collect_batch, evaluate, token_logprobs
+
+SEQUENCE_LEVEL = ("gspo", "gspo_token", "gmpo")
+"""Algorithms whose importance ratio is per sequence: their per-pass sequence ratio is logged per rollout."""
+
+CHECKPOINT_DIR = "checkpoints"
+CHECKPOINT_FILE = "latest.pt"
+
+
+def resolve_device(name: str) -> torch.device:
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    return torch.device(name)
+
+
+# ----------------------------------------------------------------------------- one update
+
+
+@dataclass
+class PassRecord:
+    """What one optimizer pass did, on the rows `idx` of the batch (tensors on CPU, (b, T))."""
+
+    idx: torch.Tensor  # (b,) rows of the batch in this mini-batch
+    new_logp: torch.Tensor  # (b, T) log-probs the loss used (before this pass's optimizer step)
+    ratio: torch.Tensor  # (b, T)
+    clip: torch.Tensor  # (b, T) int8
+    grad_weight: torch.Tensor  # (b, T)
+    token_loss: torch.Tensor  # (b, T)
+    kl: torch.Tensor | None  # (b, T)
+    seq_ratio: torch.Tensor  # (b,) geometric mean of token ratios
+    loss: float
+    grad_norm: float
+
+
+def _pad_right(x: torch.Tensor, T: int, dtype=torch.float32) -> torch.Tensor:
+    """(b, t) -> (b, T) on CPU, zero-padded on the right (mini-batches are trimmed to their longest completion)."""
+    full = torch.zeros(x.shape[0], T, dtype=dtype)  # (b, T)
+    full[:, : x.shape[1]] = x.detach().to("cpu", dtype)
+    return full
+
+
+def update(policy, optimizer, batch: Batch, cfg: TrainConfig, generator: torch.Generator) -> list[PassRecord]:
+    """`epochs x minibatches` AdamW steps on one sampled batch; returns one PassRecord per optimizer step."""
+    B, T = batch.token_mask.shape
+    P = batch.prompt_len
+    params = [p for p in policy.parameters() if p.requires_grad]
+    overrides = cfg.objective_overrides()
+    # Outcome advantages are one number per sequence: pass them as (B,) so sequence-level objectives use A_i.
+    seq_level_adv = cfg.supervision == "outcome"
+    seq_adv = torch.tensor([r.advantage for r in batch.rollouts], device=batch.advantages.device)  # (B,)
+    records = []
+    for _epoch in range(cfg.epochs):
+        perm = torch.randperm(B, generator=generator)
+        for idx in perm.tensor_split(cfg.minibatches):
+            idx = idx.sort().values.to(batch.input_ids.device)
+            # Trim right padding shared by the whole mini-batch: shorter sequences, faster forward.
+            t_mb = int(batch.token_mask[idx].sum(-1).max().item())
+            sl = slice(0, t_mb)
+            logp, entropy = token_logprobs(
+                policy, batch.input_ids[idx, : P + t_mb], batch.attention_mask[idx, : P + t_mb], P, cfg.temperature
+            )  # (b, t_mb) each
+            mask = batch.loss_mask[idx, sl]  # (b, t_mb)
+            old_logp = batch.old_logp[idx, sl]  # (b, t_mb)
+            ref_logp = batch.ref_logp[idx, sl] if batch.ref_logp is not None else None
+            adv = seq_adv[idx] if seq_level_adv else batch.advantages[idx, sl]
+            out = policy_loss(cfg.algo, logp, old_logp, adv, mask, ref_logp=ref_logp, entropy=entropy.detach(),
+                              **overrides)
+            optimizer.zero_grad(set_to_none=True)
+            out.loss.backward()
+            max_norm = cfg.max_grad_norm if cfg.max_grad_norm > 0 else math.inf
+            grad_norm = float(torch.nn.utils.clip_grad_norm_(params, max_norm))
+            optimizer.step()
+
+            # ---- diagnostics (no grad): everything is padded back to (b, T) for logging
+            with torch.no_grad():
+                tmask = batch.token_mask[idx, sl]
+                new_logp = logp.detach()
+                log_ratio = (new_logp - old_logp) * tmask
+                seq_ratio = torch.exp(log_ratio.sum(-1) / tmask.sum(-1).clamp(min=1))  # (b,)
+                kl = out.kl
+                if kl is None and ref_logp is not None:  # not in the loss, but worth watching: k3 estimator
+                    d = ref_logp - new_logp
+                    kl = (torch.exp(d) - d - 1) * tmask
+
+                def pad(x, dtype=torch.float32):
+                    return _pad_right(x, T, dtype)
+
+                records.append(PassRecord(
+                    idx=idx.cpu(), new_logp=pad(new_logp), ratio=pad(out.ratio), clip=pad(out.clip, torch.int8),
+                    grad_weight=pad(out.grad_weight), token_loss=pad(out.token_loss),
+                    kl=pad(kl) if kl is not None else None, seq_ratio=seq_ratio.cpu(), loss=float(out.loss),
+                    grad_norm=grad_norm,
+                ))
+    return records
+
+
+# ----------------------------------------------------------------------------- logging tables
+
+
+def _rollout_rows(rollouts, kind: str, first_id: int, group_offset: int, seq_ratios=None) -> dict[str, list]:
+    cols: dict[str, list] = {k: [] for k in (
+        "rollout_id", "group_id", "index_in_group", "kind", "prompt_id", "prompt", "completion", "answer", "reward",
+        "reward_correct", "reward_process", "reward_length", "advantage", "length", "truncated", "filtered",
+        "filter_reason", "seq_ratio")}
+    for i, r in enumerate(rollouts):
+        cols["rollout_id"].append(first_id + i)
+        cols["group_id"].append(group_offset + r.group_id)
+        cols["index_in_group"].append(r.index_in_group)
+        cols["kind"].append(kind)
+        cols["prompt_id"].append(r.problem.prompt_id)
+        cols["prompt"].append(r.problem.prompt)
+        cols["completion"].append(r.completion)
+        cols["answer"].append(r.problem.answer)
+        cols["reward"].append(r.reward)
+        cols["reward_correct"].append(r.reward_correct)
+        cols["reward_process"].append(r.reward_process)
+        cols["reward_length"].append(r.reward_length)
+        cols["advantage"].append(r.advantage)
+        cols["length"].append(r.length)
+        cols["truncated"].append(r.truncated)
+        cols["filtered"].append(r.filtered)
+        cols["filter_reason"].append(r.filter_reason)
+        cols["seq_ratio"].append(seq_ratios[i] if seq_ratios is not None else None)
+    return cols
+
+
+def _token_rows(rollouts, first_id: int, tt: TokenText, old_logp, ref_logp, entropy, advantages) -> dict:
+    """Token rows of rollouts whose (n, T) tensors are given (rows in the same order as `rollouts`)."""
+    lengths = [r.length for r in rollouts]
+    n = sum(lengths)
+    rid = np.repeat(np.arange(first_id, first_id + len(rollouts)), lengths)
+    pos = np.concatenate([np.arange(L) for L in lengths]) if n else np.zeros(0, dtype=np.int64)
+    token_ids = [t for r in rollouts for t in r.completion_ids]
+    keep = torch.zeros(old_logp.shape, dtype=torch.bool)
+    for b, L in enumerate(lengths):
+        keep[b, :L] = True
+
+    def flat(x):
+        return x.detach().cpu()[keep].numpy().astype(np.float64) if x is not None else np.full(n, np.nan)
+
+    prm = np.full(n, -1, dtype=np.int64)
+    k = 0
+    for r in rollouts:
+        for j, last in enumerate(r.step_last_token):
+            first = r.step_last_token[j - 1] + 1 if j else 0
+            prm[k + first : k + last + 1] = j
+        k += r.length
+    return {
+        "rollout_id": rid, "position": pos, "token_id": np.asarray(token_ids, dtype=np.int64),
+        "token_text": [tt.token(t) for t in token_ids], "old_logp": flat(old_logp), "ref_logp": flat(ref_logp),
+        "entropy": flat(entropy), "advantage": flat(advantages) if advantages is not None else np.zeros(n),
+        "prm_step": [None if p < 0 else int(p) for p in prm],
+    }
+
+
+def _prm_rows(rollouts, first_id: int) -> dict[str, list]:
+    cols: dict[str, list] = {k: [] for k in (
+        "rollout_id", "step_index", "first_pos", "last_pos", "text", "reward_raw", "reward_norm")}
+    for i, r in enumerate(rollouts):
+        for j, (s, last) in enumerate(zip(r.steps, r.step_last_token, strict=True)):
+            cols["rollout_id"].append(first_id + i)
+            cols["step_index"].append(j)
+            cols["first_pos"].append(r.step_last_token[j - 1] + 1 if j else 0)
+            cols["last_pos"].append(last)
+            cols["text"].append(s.text)
+            cols["reward_raw"].append(s.score)
+            cols["reward_norm"].append(r.step_reward_norm[j] if r.step_reward_norm else None)
+    return cols
+
+
+def _pass_rows(records: list[PassRecord], batch: Batch) -> dict[str, np.ndarray]:
+    parts: dict[str, list] = {k: [] for k in (
+        "pass", "rollout_id", "position", "new_logp", "ratio", "clip", "grad_weight", "token_loss", "kl")}
+    for p, rec in enumerate(records):
+        keep = batch.token_mask[rec.idx].cpu() > 0  # (b, T)
+        rows, cols = keep.nonzero(as_tuple=True)
+        parts["pass"].append(np.full(len(rows), p, dtype=np.int64))
+        parts["rollout_id"].append(rec.idx[rows].numpy().astype(np.int64))
+        parts["position"].append(cols.numpy().astype(np.int64))
+        for name in ("new_logp", "ratio", "grad_weight", "token_loss"):
+            parts[name].append(getattr(rec, name)[keep].numpy().astype(np.float64))
+        parts["clip"].append(rec.clip[keep].numpy())
+        parts["kl"].append(rec.kl[keep].numpy().astype(np.float64) if rec.kl is not None
+                           else np.full(len(rows), np.nan))
+    return {k: np.concatenate(v) for k, v in parts.items()}
+
+
+def _eval_tables(ev: EvalResult, first_id: int, group_offset: int, tt: TokenText, log_tokens: bool):
+    rollouts = _rollout_rows(ev.rollouts, "eval", first_id, group_offset)
+    if not log_tokens:
+        return rollouts, None, None
+    tokens = _token_rows(ev.rollouts, first_id, tt, ev.old_logp, ev.ref_logp, ev.entropy, None)
+    return rollouts, tokens, _prm_rows(ev.rollouts, first_id)
+
+
+def _concat(a: dict | None, b: dict | None) -> dict | None:
+    if a is None or b is None:
+        return a if b is None else b
+    return {k: list(a[k]) + list(b[k]) if isinstance(a[k], list) else np.concatenate([a[k], b[k]]) for k in a}
+
+
+# ----------------------------------------------------------------------------- checkpoints
+
+
+def save_checkpoint(run_dir: Path, step: int, policy, optimizer, sampler: PromptSampler, update_gen) -> Path:
+    """Model, optimizer and every RNG state after `step`, written to a temporary name and renamed into place."""
+    ckpt_dir = run_dir / CHECKPOINT_DIR
+    ckpt_dir.mkdir(parents=True, exist_ok=True)
+    state = {
+        "step": step,
+        "model": policy.state_dict(),
+        "optimizer": optimizer.state_dict(),
+        "sampler": sampler.state_dict(),
+        "update_rng": update_gen.get_state(),
+        "torch_rng": torch.get_rng_state(),
+        "cuda_rng": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None,
+        "python_rng": random.getstate(),
+    }
+    path = ckpt_dir / CHECKPOINT_FILE
+    tmp = ckpt_dir / f".{CHECKPOINT_FILE}.tmp"
+    torch.save(state, tmp)
+    os.replace(tmp, path)
+    return path
+
+
+def load_checkpoint(run_dir: Path) -> dict:
+    path = run_dir / CHECKPOINT_DIR / CHECKPOINT_FILE
+    if not path.is_file():
+        raise FileNotFoundError(
+            f"run {run_dir.name!r} has no checkpoint ({path}); it cannot be resumed. Checkpoints are written every "
+            "--checkpoint-every steps and when a run stops or finishes."
+        )
+    return torch.load(path, map_location="cpu", weights_only=False)
+
+
+# ----------------------------------------------------------------------------- the loop
+
+
+class _StopFlag:
+    """First Ctrl-C: finish the current step, log it, checkpoint, stop. Second Ctrl-C: abort at once."""
+
+    def __init__(self):
+        self.requested = False
+        self.previous = None
+
+    def __enter__(self):
+        if threading.current_thread() is threading.main_thread():
+            self.previous = signal.signal(signal.SIGINT, self._handle)
+        return self
+
+    def _handle(self, signum, frame):
+        if self.requested:
+            raise KeyboardInterrupt
+        self.requested = True
+        from tqdm import tqdm
+
+        tqdm.write("Ctrl-C: stopping after the current step (press again to abort now)")
+
+    def __exit__(self, *exc):
+        if self.previous is not None:
+            signal.signal(signal.SIGINT, self.previous)
+
+
+def load_models(cfg: TrainConfig, task, device: torch.device, cache_dir: str | Path | None):
+    """(policy, reference, tokenizer, description): the warm start (or --model DIR) and a frozen copy as pi_ref."""
+    from engine import policy as pol
+
+    model_config = pol.ModelConfig() if cfg.model_size == "default" else pol.ModelConfig(
+        hidden_size=32, num_layers=1, num_heads=2, intermediate_size=64)
+    sft = pol.SFTConfig() if cfg.sft_steps is None else pol.SFTConfig(steps=cfg.sft_steps,
+                                                                      warmup_steps=min(20, cfg.sft_steps))
+    model, tokenizer, desc = pol.load_policy(task, model_dir=cfg.model, cache_dir=cache_dir, seed=cfg.task_seed,
+                                             model_config=model_config, sft=sft, device=device)
+    model.eval()  # no dropout anywhere: the first pass must reproduce old_logp exactly (ratio == 1)
+    ref = copy.deepcopy(model).eval().requires_grad_(False)
+    return model, ref, tokenizer, desc
+
+
+def train(cfg: TrainConfig, run_name: str, logs_dir: str | Path = "logs", *, resume: bool = False,
+          cache_dir: str | Path | None = None, progress: bool = True, num_threads: int | None = None) -> str:
+    """Train (or resume) the run `run_name` under `logs_dir`; returns the final status.
+
+    `cache_dir` holds the warm-started models (default `<logs_dir>/.cache`). On resume, `cfg` is the run's saved
+    config (with any overrides, e.g. more steps) and training continues after the last checkpoint.
+    """
+    from tqdm import tqdm
+
+    from engine.runlog import RunWriter
+    from engine.tasks import get_task
+
+    logs_dir = Path(logs_dir)
+    cache_dir = Path(cache_dir) if cache_dir is not None else logs_dir / ".cache"
+    if num_threads:
+        torch.set_num_threads(num_threads)
+    device = resolve_device(cfg.device)
+
+    # ------------------------------------------------------------------ setup
+    task = get_task(cfg.task, seed=cfg.task_seed)
+    policy, ref, tokenizer, model_desc = load_models(cfg, task, device, cache_dir)
+    need_ref = cfg.log_tokens or bool(cfg.beta)
+    tt = TokenText(tokenizer)
+    eval_problems = list(task.heldout[: cfg.eval_size])
+    optimizer = torch.optim.AdamW(policy.parameters(), lr=cfg.lr, betas=(cfg.adam_beta1, cfg.adam_beta2),
+                                  weight_decay=cfg.weight_decay)
+    sampler = PromptSampler(task.train, cfg.seed)
+    update_gen = torch.Generator().manual_seed(cfg.seed)
+    torch.manual_seed(cfg.seed)
+    random.seed(cfg.seed)
+
+    if resume:
+        ckpt = load_checkpoint(logs_dir / run_name)
+        # Steps logged after the checkpoint (a crash between checkpoints) are deleted and trained again.
+        writer = RunWriter.resume(logs_dir, run_name, truncate_after=ckpt["step"])
+        policy.load_state_dict(ckpt["model"])
+        optimizer.load_state_dict(ckpt["optimizer"])
+        sampler.load_state_dict(ckpt["sampler"])
+        update_gen.set_state(ckpt["update_rng"])
+        torch.set_rng_state(ckpt["torch_rng"])
+        if ckpt["cuda_rng"] is not None and torch.cuda.is_available():
+            torch.cuda.set_rng_state_all(ckpt["cuda_rng"])
+        random.setstate(ckpt["python_rng"])
+        start = ckpt["step"] + 1
+    else:
+        writer = RunWriter.create(logs_dir, run_name, algorithm=cfg.algo, task=cfg.task, config=cfg.to_dict(),
+                                  model=model_desc)
+        start = 1
+    run_dir = Path(writer.run_dir)
+
+    def run_eval(step: int) -> EvalResult:
+        # The same prompts every time; the sampled half uses a fixed seed per step, independent of training RNG.
+        return evaluate(policy, ref if need_ref else None, tokenizer, task, eval_problems, cfg,
+                        seed=1_000_003 * (step + 1) + cfg.seed, tt=tt)
+
+    status = "crashed"
+    bar = tqdm(total=cfg.steps, initial=start - 1, disable=not progress, desc=run_name, unit="step")
+    heldout = float("nan")
+    try:
+        with _StopFlag() as stop:
+            if start == 1 and cfg.eval_every:
+                # ---- step 0: the warm start's held-out accuracy, so every curve starts there
+                ev = run_eval(0)
+                heldout = ev.accuracy_greedy
+                rollouts, tokens, prm = _eval_tables(ev, 0, 0, tt, cfg.log_tokens)
+                writer.log_step(0, metrics={"heldout_accuracy": heldout,
+                                            "heldout_accuracy_sampled": ev.accuracy_sampled},
+                                rollouts=rollouts, tokens=tokens, prm_steps=prm)
+            last = start - 1
+            for step in range(start, cfg.steps + 1):
+                t0 = time.perf_counter()
+                # ---------------------------------------------------------- sample + reward + advantage
+                policy.eval()
+                batch = collect_batch(policy, ref if need_ref else None, tokenizer, task, sampler, cfg, tt)
+                B = len(batch.rollouts)
+
+                # ---------------------------------------------------------- update
+                records = update(policy, optimizer, batch, cfg, update_gen)
+
+                # ---------------------------------------------------------- evaluate
+                ev = None
+                if cfg.eval_every and (step % cfg.eval_every == 0 or step == cfg.steps):
+                    ev = run_eval(step)
+                    heldout = ev.accuracy_greedy
+
+                # ---------------------------------------------------------- log
+                tm = batch.token_mask.cpu()  # (B, T)
+                lm = batch.loss_mask.cpu()  # (B, T)
+                n_loss_tokens = max(1.0, float(lm.sum()) * len(records) / cfg.epochs)
+                clip_counts = [sum(float(((r.clip == c) & (lm[r.idx] > 0)).sum()) for r in records) for c in (1, 2, 3)]
+                kls = [float((r.kl * tm[r.idx]).sum() / tm[r.idx].sum().clamp(min=1)) for r in records
+                       if r.kl is not None]
+                every = batch.rollouts + batch.dropped
+                rewards = np.array([r.reward for r in every])
+                lengths = np.array([r.length for r in every])
+                metrics = {
+                    "reward_mean": float(rewards.mean()),
+                    "reward_std": float(rewards.std(ddof=1)) if len(rewards) > 1 else 0.0,
+                    "accuracy": float(np.mean([r.reward_correct for r in every])),
+                    "heldout_accuracy": ev.accuracy_greedy if ev else None,
+                    "heldout_accuracy_sampled": ev.accuracy_sampled if ev else None,
+                    "entropy": float((batch.entropy.cpu() * tm).sum() / tm.sum()),
+                    "kl": float(np.mean(kls)) if kls else None,
+                    "clip_low_frac": clip_counts[0] / n_loss_tokens,
+                    "clip_high_frac": clip_counts[1] / n_loss_tokens,
+                    "clip_dual_frac": clip_counts[2] / n_loss_tokens,
+                    "response_len_mean": float(lengths.mean()),
+                    "response_len_max": int(lengths.max()),
+                    "truncated_frac": float(np.mean([r.truncated for r in every])),
+                    "groups_kept": cfg.prompts_per_step,
+                    "groups_filtered": len(batch.dropped) // cfg.group_size,
+                    "gen_batches": batch.gen_batches,
+                    "loss": float(np.mean([r.loss for r in records])),
+                    "grad_norm": float(np.mean([r.grad_norm for r in records])),
+                    "lr": cfg.lr,
+                }
+                seq_ratios = None
+                if cfg.algo in SEQUENCE_LEVEL:
+                    seq_ratios = [[] for _ in range(B)]
+                    for rec in records:
+                        for i, s in zip(rec.idx.tolist(), rec.seq_ratio.tolist(), strict=True):
+                            seq_ratios[i].append(s)
+                rollouts = _rollout_rows(batch.rollouts, "train", 0, 0, seq_ratios)
+                rollouts = _concat(rollouts, _rollout_rows(batch.dropped, "train", B, 0))
+                tokens = passes = prm = None
+                if cfg.log_tokens:
+                    tokens = _token_rows(batch.rollouts, 0, tt, batch.old_logp, batch.ref_logp, batch.entropy,
+                                         batch.advantages)
+                    passes = _pass_rows(records, batch)
+                    prm = _concat(_prm_rows(batch.rollouts, 0), _prm_rows(batch.dropped, B))
+                if ev is not None:
+                    first = B + len(batch.dropped)
+                    groups = cfg.prompts_per_step + len(batch.dropped) // cfg.group_size
+                    e_roll, e_tok, e_prm = _eval_tables(ev, first, groups, tt, cfg.log_tokens)
+                    rollouts = _concat(rollouts, e_roll)
+                    tokens, prm = _concat(tokens, e_tok), _concat(prm, e_prm)
+                metrics["step_seconds"] = time.perf_counter() - t0
+                writer.log_step(step, metrics=metrics, rollouts=rollouts, tokens=tokens, token_passes=passes,
+                                prm_steps=prm)
+
+                last = step
+                if cfg.checkpoint_every and step % cfg.checkpoint_every == 0:
+                    save_checkpoint(run_dir, step, policy, optimizer, sampler, update_gen)
+                bar.update(1)
+                bar.set_postfix(reward=f"{metrics['reward_mean']:.2f}", acc=f"{metrics['accuracy']:.2f}",
+                                heldout=f"{heldout:.2f}", clip=f"{metrics['clip_low_frac']:.3f}/"
+                                f"{metrics['clip_high_frac']:.3f}", refresh=False)
+                if stop.requested:
+                    break
+            if last >= start and not (cfg.checkpoint_every and last % cfg.checkpoint_every == 0):
+                save_checkpoint(run_dir, last, policy, optimizer, sampler, update_gen)
+            status = "stopped" if stop.requested and last < cfg.steps else "finished"
+    except KeyboardInterrupt:
+        status = "stopped"
+        raise
+    finally:
+        bar.close()
+        writer.close(status=status)
+    return status
