@@ -1,0 +1,85 @@
+"""The dashboard in a real browser: Debian's chromium driven by Playwright, the app served by `policylens
+dashboard` on a free loopback port.
+
+Checks what only a browser can: the token inspector opened from a URL renders the logged tokens, a hostile token
+is shown as text (no element, no script), and a running run's new step appears without a reload.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from dashboard.synthetic import HOSTILE_TOKEN, synthetic_step
+
+ROOT = Path(__file__).resolve().parent.parent
+CHROMIUM = os.environ.get("CHROMIUM", "/usr/bin/chromium")
+
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.skipif(not Path(CHROMIUM).exists(), reason=f"no chromium at {CHROMIUM} (apt-get install chromium)"),
+]
+
+
+def as_displayed(token: str) -> str:
+    """What a reader sees for a token: its characters, with whitespace shown as symbols."""
+    return token.replace(" ", "·").replace("\t", "→").replace("\r", "␍").replace("\n", "↵\n")
+
+
+def _screenshots_module():
+    spec = importlib.util.spec_from_file_location("screenshots", ROOT / "scripts" / "screenshots.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_token_inspector_in_a_browser_escapes_tokens_and_updates_live(tmp_path):
+    from playwright.sync_api import sync_playwright
+
+    from engine.runlog import RunReader, RunWriter
+
+    screenshots = _screenshots_module()
+    rng = np.random.default_rng(0)
+    writer = RunWriter.create(tmp_path, "hostile", algorithm="grpo", task="linear", config={"g": 2}, model="m")
+    writer.log_step(0, **synthetic_step(0, 2, 2, 10, 1, rng, hostile=True))
+    tokens = RunReader(tmp_path).sql(
+        "SELECT position, token_text FROM tokens WHERE run = 'hostile' AND step = 0 AND rollout_id = 0 "
+        "ORDER BY position"
+    )
+    assert HOSTILE_TOKEN in tokens["token_text"].tolist()
+    dialogs = []
+    try:
+        with screenshots.serve_dashboard(tmp_path) as url, sync_playwright() as playwright:
+            assert url.startswith("http://127.0.0.1:")
+            browser = screenshots.launch_browser(playwright)
+            page = browser.new_page(viewport={"width": 1400, "height": 1000})
+            page.on("dialog", lambda dialog: (dialogs.append(dialog.message), dialog.dismiss()))
+            page.goto(f"{url}/tokens?run=hostile&step=0&rollout=0&channel=advantage")
+            page.wait_for_selector("span.pl-token", timeout=60_000)
+
+            # The tokens, in order, as logged (whitespace made visible), and nothing else.
+            shown = page.locator("span.pl-token").all_inner_texts()
+            expected = [as_displayed(t) for t in tokens["token_text"]]
+            assert [s.strip("\n") for s in shown] == [e.strip("\n") for e in expected]
+            # The hostile token is text: its characters are on the page, no <img> was created, no alert ran.
+            assert as_displayed(HOSTILE_TOKEN) in shown
+            assert page.locator(".pl-tokens img").count() == 0
+            hostile = page.locator("span.pl-token", has_text="onerror").first
+            assert HOSTILE_TOKEN in hostile.get_attribute("title")
+
+            # Live: a new step of the running run shows up by itself (the page follows the newest step).
+            writer.log_step(1, **synthetic_step(1, 2, 2, 10, 1, rng))
+            started = time.monotonic()
+            page.wait_for_function("() => location.search.includes('step=1')", timeout=30_000)
+            seconds = time.monotonic() - started
+            assert seconds < 15, f"the new step took {seconds:.1f} s to appear"
+            page.wait_for_function("() => document.querySelectorAll('span.pl-token').length > 0", timeout=30_000)
+            browser.close()
+    finally:
+        writer.close()
+    assert dialogs == []
