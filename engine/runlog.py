@@ -9,8 +9,9 @@ On-disk layout (``SCHEMA_VERSION`` 1)::
     <logs_dir>/<run>/run.json                      name, run_id, algorithm, task, model, config, status, times,
                                                    last_step, schema_version (replaced atomically, rank 0 only)
     <logs_dir>/<run>/writer-rank<R>.lock           held (flock) by the live writer of rank R: pid and host inside
-    <logs_dir>/<run>/data/step-<S>.rank<R>/        one finished step of one rank: <table>.parquet for each table
-                                                   that has rows (steps, rollouts, tokens, token_passes, prm_steps)
+    <logs_dir>/<run>/data/step-<S>.rank<R>.s<W>/   one finished step of one rank: <table>.parquet for each table
+                                                   that has rows (steps, rollouts, tokens, token_passes, prm_steps);
+                                                   W identifies the writer session (hex microseconds)
     <logs_dir>/<run>/data/chunk-<A>-<B>-<Q>.rank<R>/   steps A..B of rank R merged into larger sorted files
                                                    (compaction; Q is a sequence number, the newest chunk wins)
     <logs_dir>/<run>/data/.tmp-* / .trash-*        in progress / being deleted; readers never look at dot names
@@ -18,7 +19,7 @@ On-disk layout (``SCHEMA_VERSION`` 1)::
 How the behaviour the issue asks for is obtained:
 
 1. A step is visible all at once: its files are written into ``data/.tmp-...`` and the directory is renamed to
-   ``step-<S>.rank<R>`` in one ``os.rename``. Readers list directories themselves (not a DuckDB glob), so they only
+   ``step-<S>.rank<R>.s<W>`` in one ``os.rename``. Readers list directories themselves (not a DuckDB glob), so they only
    ever see whole steps. Killing the writer (SIGKILL included) leaves at most a ``.tmp-`` folder behind.
    Encoding happens on one writer thread, at most one step behind the caller (the next ``log_step`` waits for
    it), so a kill loses at most the step being written; ``flush()``/``close()`` wait for it.
@@ -169,7 +170,7 @@ RUNS_SCHEMA = pa.schema(
      ("updated_at", pa.timestamp("us")), ("status", _S), ("config", _S), ("model", _S), ("last_step", _I)]
 )
 
-_STEP_DIR_RE = re.compile(r"^step-(\d{9})\.rank(\d+)$")
+_STEP_DIR_RE = re.compile(r"^step-(\d{9})\.rank(\d+)\.s([0-9a-f]+)$")
 _CHUNK_DIR_RE = re.compile(r"^chunk-(\d{9})-(\d{9})-(\d{6})\.rank(\d+)$")
 _LOCK_RE = re.compile(r"^writer-rank(\d+)\.lock$")
 
@@ -380,7 +381,7 @@ def _scan_segments(data_dir: Path, problems: list[str] | None = None) -> list[_S
         if entry.name.startswith("."):
             continue
         if m := _STEP_DIR_RE.match(entry.name):
-            steps.append(_Segment(Path(entry.path), int(m[2]), int(m[1]), int(m[1]), -1))
+            steps.append((int(m[3], 16), _Segment(Path(entry.path), int(m[2]), int(m[1]), int(m[1]), -1)))
         elif m := _CHUNK_DIR_RE.match(entry.name):
             chunks.append(_Segment(Path(entry.path), int(m[4]), int(m[1]), int(m[2]), int(m[3])))
         elif problems is not None:
@@ -391,7 +392,11 @@ def _scan_segments(data_dir: Path, problems: list[str] | None = None) -> list[_S
         if not any(a.rank == c.rank and a.first <= c.last and c.first <= a.last for a in accepted):
             accepted.append(c)
     covered = {(c.rank, s) for c in accepted for s in range(c.first, c.last + 1)}
-    live = accepted + [s for s in steps if (s.rank, s.first) not in covered]
+    newest: dict[tuple[int, int], _Segment] = {}  # one folder per (rank, step); the newest session wins
+    for _, s in sorted(steps, key=lambda t: t[0]):
+        if (s.rank, s.first) not in covered:
+            newest[(s.rank, s.first)] = s
+    live = accepted + list(newest.values())
     return sorted(live, key=lambda s: (s.first, s.rank))
 
 
@@ -518,6 +523,9 @@ class RunWriter:
         self._executor = ThreadPoolExecutor(1, thread_name_prefix=f"runlog-{name}") if background else None
         self._pending: Future | None = None
         self._superseded: list[tuple[float, list[Path]]] = []  # (when replaced, folders) awaiting deletion
+        # Part of every step folder's name: a step logged again after `truncate_after` gets a new path, so no
+        # reader can confuse it with the deleted one (DuckDB caches Parquet footers by path).
+        self._session = f"{time.time_ns() // 1000:x}"
 
     # ---- opening
 
@@ -725,7 +733,7 @@ class RunWriter:
             self._pending = self._executor.submit(fn, *args)
 
     def _write_step(self, step: int, tables: dict[str, pa.Table | None]) -> None:
-        final = self.data_dir / f"step-{step:09d}.rank{self.rank}"
+        final = self.data_dir / f"step-{step:09d}.rank{self.rank}.s{self._session}"
         tmp = self.data_dir / f".tmp-step-{step:09d}.rank{self.rank}-{uuid.uuid4().hex[:8]}"
         tmp.mkdir(parents=True)
         for table, arrow in tables.items():

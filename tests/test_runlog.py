@@ -59,6 +59,11 @@ def write_run(logs: Path, name: str, steps: int, close: str | None = "finished",
     return writer
 
 
+def step_dir(data: Path, step: int, rank: int = 0) -> Path:
+    [path] = data.glob(f"step-{step:09d}.rank{rank}.s*")
+    return path
+
+
 def token_counts(reader: RunReader, run: str) -> dict[int, int]:
     df = reader.sql("SELECT step, count(*) AS n FROM tokens WHERE run = ? GROUP BY step ORDER BY step", [run])
     return dict(zip(df.step.tolist(), df.n.tolist(), strict=True))
@@ -182,14 +187,17 @@ def test_resume_continues_numbering(tmp_path):
 
 @pytest.mark.parametrize("compact_every", [0, 4])
 def test_resume_truncate_after_replaces_steps_without_duplicates(tmp_path, compact_every):
-    write_run(tmp_path, "a", 11, compact_every=compact_every)  # with 4: chunks 0-3, 4-7, then 8-10 at close
+    write_run(tmp_path, "a", 11, compact_every=compact_every)  # with 4: chunks 0-3, 4-7, steps 8-10
+    reader = RunReader(tmp_path)  # a long-lived reader (the dashboard) must not serve the replaced rows
+    assert token_counts(reader, "a") == {s: 12 for s in range(11)}
     w = RunWriter.resume(tmp_path, "a", truncate_after=5, compact_every=compact_every)
     assert w.last_step == 5
     for step in range(6, 9):
         w.log_step(step, **make_step(step, rollouts=1))  # 4 tokens instead of 12: tells old from new rows
     w.close()
-    counts = token_counts(RunReader(tmp_path), "a")
-    assert counts == {**{s: 12 for s in range(6)}, 6: 4, 7: 4, 8: 4}
+    expected = {**{s: 12 for s in range(6)}, 6: 4, 7: 4, 8: 4}
+    assert token_counts(reader, "a") == expected
+    assert token_counts(RunReader(tmp_path), "a") == expected
 
 
 def test_two_ranks_write_one_run(tmp_path):
@@ -215,26 +223,26 @@ def test_bad_files_are_skipped_and_reported(tmp_path):
     write_run(tmp_path, "good", 2)
     write_run(tmp_path, "bad", 4, compact_every=0)
     data = tmp_path / "bad" / "data"
-    (data / "step-000000001.rank0" / "tokens.parquet").write_bytes(b"garbage, not parquet")
-    step2 = data / "step-000000002.rank0" / "tokens.parquet"
+    (step_dir(data, 1) / "tokens.parquet").write_bytes(b"garbage, not parquet")
+    step2 = step_dir(data, 2) / "tokens.parquet"
     step2.write_bytes(step2.read_bytes()[: step2.stat().st_size // 2])  # truncated
-    (data / "step-000000003.rank0" / "notes.txt").write_text("hello")  # foreign file
+    (step_dir(data, 3) / "notes.txt").write_text("hello")  # foreign file
     (data / "README").write_text("foreign entry")
-    pd.DataFrame({"x": [1]}).to_parquet(data / "step-000000003.rank0" / "rollouts.parquet")  # foreign schema
+    pd.DataFrame({"x": [1]}).to_parquet(step_dir(data, 3) / "rollouts.parquet")  # foreign schema
     r = RunReader(tmp_path)
     assert token_counts(r, "good") == {0: 12, 1: 12}
     assert token_counts(r, "bad") == {0: 12, 3: 12}
     assert r.sql("SELECT count(*) AS n FROM rollouts WHERE run = 'bad'").n[0] == 3 * 3
     text = "\n".join(r.problems)
-    for name in ["step-000000001.rank0/tokens.parquet", "step-000000002.rank0/tokens.parquet", "notes.txt",
-                 "README", "step-000000003.rank0/rollouts.parquet"]:
+    for name in [f"{step_dir(data, 1).name}/tokens.parquet", f"{step_dir(data, 2).name}/tokens.parquet",
+                 "notes.txt", "README", f"{step_dir(data, 3).name}/rollouts.parquet"]:
         assert name in text, (name, text)
     assert "damaged or not a Parquet file" in text
 
 
 def test_corrupt_page_inside_valid_footer_is_quarantined_at_query_time(tmp_path):
     write_run(tmp_path, "a", 2, compact_every=0)
-    path = tmp_path / "a" / "data" / "step-000000001.rank0" / "tokens.parquet"
+    path = step_dir(tmp_path / "a" / "data", 1) / "tokens.parquet"
     blob = bytearray(path.read_bytes())
     for i in range(4, len(blob) // 2):  # scramble data pages, keep the footer
         blob[i] ^= 0x5A
