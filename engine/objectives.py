@@ -79,6 +79,9 @@ __all__ = [
     "CLIP_LOW",
     "CLIP_NONE",
     "OBJECTIVES",
+    "RATIO_LEVELS",
+    "SAPO_SOFT_CAP_LEVEL",
+    "SURROGATES",
     "Objective",
     "PolicyLossOutput",
     "aggregation_weights",
@@ -155,7 +158,7 @@ DAPO = Objective(
 )
 GSPO = Objective(
     name="gspo",
-    doc="GSPO (arXiv 2507.18071), Sec. 4.1 eq. 5-7: sequence ratio s_i = exp(mean_t log r), clipped per "
+    doc="GSPO (arXiv 2507.18071), Sec. 4.1: sequence ratio s_i = exp(mean_t log r), clipped per "
     "sequence, one term per sequence; clip range 3e-4 / 4e-4 from Sec. 5.1; no KL.",
     ratio_level="sequence",
     surrogate="ppo-clip",
@@ -166,7 +169,7 @@ GSPO = Objective(
 )
 GSPO_TOKEN = Objective(
     name="gspo_token",
-    doc="GSPO-token (arXiv 2507.18071), Sec. 4.3 eq. 13-14: s_it = sg(s_i) * pi/sg(pi), allows token-level "
+    doc="GSPO-token (arXiv 2507.18071), Sec. 4.3: s_it = sg(s_i) * pi/sg(pi), allows token-level "
     "advantages; identical to GSPO when A is constant in a sequence. Defaults as GSPO.",
     ratio_level="sequence-token",
     surrogate="ppo-clip",
@@ -224,8 +227,9 @@ SAPO = Objective(
 )
 GMPO = Objective(
     name="gmpo",
-    doc="GMPO (arXiv 2507.20673), Sec. 3 and the official code: geometric mean of token ratios, each token's log "
-    "ratio clipped (sign-aware, like PPO) to [-0.4, 0.4] before the mean; one term -A_i * ratio_i per sequence.",
+    doc="GMPO (arXiv 2507.20673), the objective in the method section and the official code: geometric mean of "
+    "token ratios, each token's log ratio clipped (sign-aware, like PPO) to [-0.4, 0.4] before the mean; one term "
+    "-A_i * ratio_i per sequence.",
     ratio_level="geometric",
     surrogate="linear",
     aggregation="seq-mean",
@@ -308,7 +312,7 @@ def _ratio_level(level, d, mask, adv, eps_low, eps_high):
         log_s = (d * mask).sum(-1, keepdim=True) / lengths  # (B, 1) log of the geometric-mean ratio
         if level == "sequence":
             return log_s.expand_as(d), mask / lengths, None
-        # GSPO-token: value log s_i, gradient of a single token's log-prob (eq. 13)
+        # GSPO-token: value log s_i, gradient of a single token's log-prob (GSPO Sec. 4.3)
         return log_s.detach() + d - d.detach(), None, None
     if level == "geometric":
         # GMPO: clip each token's log ratio on the side its advantage pushes (PPO's rule in log space),

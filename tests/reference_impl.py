@@ -46,7 +46,7 @@ def _token_losses(algo, lp, olp, A, eps_n, eps_p, p, value):
         # PPO / GRPO eq. 3: min(r A, clip(r, 1 - eps, 1 + eps) A)
         return -torch.minimum(r * A, _clip(r, 1 - p["eps_low"], 1 + p["eps_high"]) * A)
     if algo == "cispo":
-        # MiniMax-M1 eq. 4: sg(clip(r)) * A * log pi
+        # MiniMax-M1 Sec. 3.1: sg(clip(r)) * A * log pi
         w = _clip(r, 1 - p["eps_low"], 1 + p["eps_high"]).detach()
         return -w * A * (lp if value == "paper" else r / r.detach())
     if algo == "sapo":
@@ -90,12 +90,12 @@ def reference_loss(
         A = float(advantages[i])
         losses = []
         if algo == "gspo":
-            # GSPO eq. 7: s_i = (prod_t r_t)^(1/|o_i|), min(s A, clip(s) A) once per sequence
+            # GSPO Sec. 4.1: s_i = (prod_t r_t)^(1/|o_i|), min(s A, clip(s) A) once per sequence
             s = torch.exp(sum(logp[i, t] - old_logp[i, t] for t in valid[i]) / max(lengths[i], 1))
             seq = -torch.minimum(s * A, _clip(s, 1 - p["eps_low"], 1 + p["eps_high"]) * A)
             losses = [seq for _ in valid[i]]
         elif algo == "gspo_token":
-            # GSPO eq. 13: s_it = sg(s_i) * pi_t / sg(pi_t)
+            # GSPO-token, Sec. 4.3: s_it = sg(s_i) * pi_t / sg(pi_t)
             s = torch.exp(sum(logp[i, t] - old_logp[i, t] for t in valid[i]) / max(lengths[i], 1)).detach()
             for t in valid[i]:
                 s_t = s * torch.exp(logp[i, t] - logp[i, t].detach())

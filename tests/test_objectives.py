@@ -179,8 +179,23 @@ CASES = {
     "aspo-negative-clipped-low": ("aspo", [0.5], [-1.0], None, {}, 0.8, [[0.0]], [[1]]),
     # A < 0, r = 4 > c: weight capped at 3, gradient kept
     "aspo-negative-dual-cap": ("aspo", [4.0], [-1.0], None, {}, 3.0, [[-3.0]], [[3]]),
-    # the cap moves with the dual_clip override: r = 4 < 5 keeps weight r
+    # just inside / outside the caps: 1/0.3 = 3.33 > 3 is capped, 1/0.35 = 2.86 is not; 3.1 > 3 capped, 2.9 not
+    "aspo-positive-just-capped": ("aspo", [0.3], [1.0], None, {}, -3.0, [[3.0]], [[3]]),
+    "aspo-positive-just-uncapped": ("aspo", [0.35], [1.0], None, {}, -1 / 0.35, [[1 / 0.35]], [[0]]),
+    "aspo-negative-just-capped": ("aspo", [3.1], [-1.0], None, {}, 3.0, [[-3.0]], [[3]]),
+    "aspo-negative-just-uncapped": ("aspo", [2.9], [-1.0], None, {}, 2.9, [[-2.9]], [[0]]),
+    # the caps move with the dual_clip override: r = 4 < 5 keeps weight r; 1/0.3 < 4 keeps weight 1/r
     "aspo-dual-clip-override": ("aspo", [4.0], [-1.0], None, {"dual_clip": 5.0}, 4.0, [[-4.0]], [[0]]),
+    "aspo-dual-clip-override-positive": (
+        "aspo",
+        [0.3],
+        [1.0],
+        None,
+        {"dual_clip": 4.0},
+        -1 / 0.3,
+        [[1 / 0.3]],
+        [[0]],
+    ),
     # CISPO: detached weight clip(r, 0, 1.28); every token keeps a gradient, token-mean over 3
     "cispo-never-zero-positive": (
         "cispo",
@@ -500,7 +515,7 @@ def test_bool_mask_and_float32_inputs_work():
 @pytest.mark.parametrize("algo", ALGORITHMS)
 def test_matches_independent_reference_implementation(algo):
     for seed in (21, 22):
-        logp, old, adv, mask, ref, ent = random_batch(seed=seed, B=8, T=5)
+        logp, old, adv, mask, ref, ent = random_batch(seed=seed, B=16, T=7)
         kw = {"ref_logp": ref}
         if algo == "aspo":
             kw["entropy"] = ent
