@@ -94,7 +94,7 @@ def check_whole_steps(reader: RunReader, run: str) -> set[int]:
 
 def test_reader_polling_while_writer_appends_never_errors_nor_sees_partial_steps(tmp_path):
     steps = 16
-    proc = start_writer(tmp_path, "live", steps, pause=0.01)
+    proc = start_writer(tmp_path, "live", steps, pause=0.1)
     reader = None
     seen: list[int] = []
     try:
