@@ -45,7 +45,9 @@ def add_train_command(subparsers) -> None:
     parser.add_argument("--config", metavar="FILE", help="JSON config file (field: value); flags override it")
     parser.add_argument("--resume", metavar="NAME", help="continue the run NAME from its last checkpoint")
     parser.add_argument("--cache-dir", help="where warm-started models are cached (default: <logs-dir>/.cache)")
-    parser.add_argument("--threads", type=int, default=0, help="torch CPU threads (default: torch's choice)")
+    parser.add_argument("--threads", type=int, default=1,
+                        help="torch CPU threads (default 1: the model is tiny, and on a busy 2-core machine two "
+                        "threads run far slower than one; 0 = torch's choice)")
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
     parser.add_argument("--print-config", action="store_true", help="print the resolved config as JSON and exit")
     add_config_arguments(parser)

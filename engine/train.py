@@ -25,6 +25,7 @@ Departures from the papers:
 from __future__ import annotations
 
 import copy
+import dataclasses
 import math
 import os
 import random
@@ -43,6 +44,15 @@ from engine.rollout import Batch, EvalResult, PromptSampler, TokenText, collect_
 
 SEQUENCE_LEVEL = ("gspo", "gspo_token", "gmpo")
 """Algorithms whose importance ratio is per sequence: their per-pass sequence ratio is logged per rollout."""
+
+def model_config(size: str):
+    """engine.policy.ModelConfig of a built-in model size (TrainConfig.model_size)."""
+    from engine import policy as pol
+
+    if size == "tiny":  # for tests and smoke runs: ~90k parameters, warm-started in seconds
+        return pol.ModelConfig(hidden_size=64, num_layers=2, num_heads=2, intermediate_size=128)
+    return pol.ModelConfig()
+
 
 CHECKPOINT_DIR = "checkpoints"
 CHECKPOINT_FILE = "latest.pt"
@@ -306,12 +316,12 @@ def load_models(cfg: TrainConfig, task, device: torch.device, cache_dir: str | P
     """(policy, reference, tokenizer, description): the warm start (or --model DIR) and a frozen copy as pi_ref."""
     from engine import policy as pol
 
-    model_config = pol.ModelConfig() if cfg.model_size == "default" else pol.ModelConfig(
-        hidden_size=32, num_layers=1, num_heads=2, intermediate_size=64)
-    sft = pol.SFTConfig() if cfg.sft_steps is None else pol.SFTConfig(steps=cfg.sft_steps,
-                                                                      warmup_steps=min(20, cfg.sft_steps))
+    # The warm start uses the trainer's thread count: two threads on a busy 2-core machine run 10x slower than one.
+    sft = pol.SFTConfig(num_threads=torch.get_num_threads())
+    if cfg.sft_steps is not None:
+        sft = dataclasses.replace(sft, steps=cfg.sft_steps, warmup_steps=min(sft.warmup_steps, cfg.sft_steps))
     model, tokenizer, desc = pol.load_policy(task, model_dir=cfg.model, cache_dir=cache_dir, seed=cfg.task_seed,
-                                             model_config=model_config, sft=sft, device=device)
+                                             model_config=model_config(cfg.model_size), sft=sft, device=device)
     model.eval()  # no dropout anywhere: the first pass must reproduce old_logp exactly (ratio == 1)
     ref = copy.deepcopy(model).eval().requires_grad_(False)
     return model, ref, tokenizer, desc
@@ -329,6 +339,10 @@ def train(cfg: TrainConfig, run_name: str, logs_dir: str | Path = "logs", *, res
     from engine.runlog import RunWriter
     from engine.tasks import get_task
 
+    if not progress:
+        from transformers.utils import logging as hf_logging
+
+        hf_logging.disable_progress_bar()
     logs_dir = Path(logs_dir)
     cache_dir = Path(cache_dir) if cache_dir is not None else logs_dir / ".cache"
     if num_threads:

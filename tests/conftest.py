@@ -1,0 +1,69 @@
+"""Shared fixtures: real tiny training runs made by the engine, for the engine's and the dashboard's tests.
+
+    def test_something(tiny_run):
+        logs_dir, run_name = tiny_run          # a finished 3-step GRPO run (outcome supervision)
+    def test_prm(tiny_process_run):
+        logs_dir, run_name = tiny_process_run  # a finished 3-step GRPO run with process supervision
+
+The tiny warm start (a ~90k-parameter model, a short SFT) is cached in pytest's cache folder (.pytest_cache), so it
+is trained once per checkout, not once per test session.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+TINY = dict(
+    task="linear",
+    model_size="tiny",
+    sft_steps=200,
+    batch_size=16,
+    group_size=4,
+    eval_size=8,
+    eval_every=2,
+    checkpoint_every=0,
+)
+"""The tiny config every engine test starts from: a few seconds per run on one CPU thread."""
+
+
+def tiny_config(**overrides):
+    from engine.config import TrainConfig
+
+    return TrainConfig(**{**TINY, **overrides})
+
+
+@pytest.fixture(scope="session")
+def warm_cache(request, tmp_path_factory):
+    """Folder of cached warm-started models, persistent across sessions when pytest's cache is enabled."""
+    cache = getattr(request.config, "cache", None)
+    if cache is not None:
+        return cache.mkdir("policylens-warmstart")
+    return tmp_path_factory.mktemp("warmstart")
+
+
+@pytest.fixture(scope="session")
+def run_tiny(warm_cache):
+    """run_tiny(logs_dir, name, **overrides) -> status: train a tiny run (quietly, one thread)."""
+    from engine.train import train
+
+    def run(logs_dir, name, resume=False, **overrides):
+        return train(tiny_config(**overrides), name, logs_dir, resume=resume, cache_dir=warm_cache,
+                     progress=False, num_threads=1)
+
+    return run
+
+
+@pytest.fixture(scope="session")
+def tiny_run(tmp_path_factory, run_tiny):
+    """(logs_dir, run_name) of a finished 3-step GRPO run on `linear`, group size 4, evaluated at steps 0 and 2-3."""
+    logs_dir = tmp_path_factory.mktemp("logs")
+    run_tiny(logs_dir, "tiny-grpo", algo="grpo", steps=3)
+    return logs_dir, "tiny-grpo"
+
+
+@pytest.fixture(scope="session")
+def tiny_process_run(tmp_path_factory, run_tiny):
+    """(logs_dir, run_name) of a finished 3-step GRPO run with process supervision (PRM step rewards)."""
+    logs_dir = tmp_path_factory.mktemp("logs-process")
+    run_tiny(logs_dir, "tiny-grpo-process", algo="grpo", supervision="process", steps=3)
+    return logs_dir, "tiny-grpo-process"

@@ -1,0 +1,244 @@
+"""End-to-end tests of the training engine on a tiny config: every algorithm, logged invariants, determinism, resume.
+
+Each run trains a ~90k-parameter model for 2-4 steps (see conftest.TINY); the warm start is cached across sessions.
+"""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+import torch
+
+from engine.objectives import ALGORITHMS, defaults
+from engine.runlog import RunReader
+
+pytestmark = pytest.mark.slow
+
+TIMING = {"wall_time", "step_seconds", "extra"}
+
+
+def read(logs_dir, run, query, params=()):
+    with RunReader(logs_dir) as r:
+        return r.sql(query.replace("RUN", "?"), [run, *params] if "RUN" in query else list(params))
+
+
+# ----------------------------------------------------------------------------- every algorithm, 2 steps
+
+
+@pytest.fixture(scope="module")
+def algo_runs(tmp_path_factory, run_tiny):
+    """Two steps of every algorithm into one logs folder (eval only at step 0 to keep it quick)."""
+    logs_dir = tmp_path_factory.mktemp("algos")
+    for algo in ALGORITHMS:
+        status = run_tiny(logs_dir, f"t-{algo}", algo=algo, steps=2, eval_every=0, checkpoint_every=2)
+        assert status == "finished"
+    return logs_dir
+
+
+@pytest.mark.parametrize("algo", ALGORITHMS)
+def test_each_algorithm_trains_and_logs_consistent_values(algo_runs, warm_cache, algo):
+    from engine.policy import load_policy
+    from engine.tasks import get_task
+    from engine.train import CHECKPOINT_DIR, CHECKPOINT_FILE, model_config
+
+    logs_dir, run = algo_runs, f"t-{algo}"
+    cfg = json.loads((logs_dir / run / "run.json").read_text())["config"]
+
+    # ---- parameters changed (checkpoint after step 2 vs the cached warm start)
+    task = get_task(cfg["task"], seed=cfg["task_seed"])
+    from engine.policy import SFTConfig
+
+    warm, _, _ = load_policy(task, cache_dir=warm_cache, seed=cfg["task_seed"], model_config=model_config("tiny"),
+                             sft=SFTConfig(steps=cfg["sft_steps"], warmup_steps=min(20, cfg["sft_steps"]),
+                                           num_threads=1), device="cpu")
+    ckpt = torch.load(logs_dir / run / CHECKPOINT_DIR / CHECKPOINT_FILE, weights_only=False)
+    assert ckpt["step"] == 2
+    moved = [k for k, v in warm.state_dict().items() if not torch.equal(v, ckpt["model"][k])]
+    assert moved, "no parameter changed"
+
+    steps = read(logs_dir, run, "SELECT * FROM steps WHERE run = RUN ORDER BY step")
+    assert steps.step.tolist() == [1, 2]  # no evaluation, so no step 0
+    assert steps.groups_kept.tolist() == [4, 4]
+
+    roll = read(logs_dir, run, "SELECT * FROM rollouts WHERE run = RUN AND kind = 'train' AND NOT filtered")
+    assert len(roll) == 2 * 16
+    # ---- group advantages sum to ~0 per group (outcome supervision)
+    sums = roll.groupby(["step", "group_id"]).advantage.sum()
+    np.testing.assert_allclose(sums.to_numpy(), 0.0, atol=1e-4)
+    if algo == "dr_grpo":  # A = R - mean, no std
+        for _, g in roll.groupby(["step", "group_id"]):
+            np.testing.assert_allclose(g.advantage, g.reward - g.reward.mean(), atol=1e-5)
+
+    tp = read(logs_dir, run, """
+        SELECT p.*, t.old_logp, t.ref_logp, t.advantage AS adv, r.length
+        FROM token_passes p JOIN tokens t USING (run, step, rollout_id, position)
+        JOIN rollouts r USING (run, step, rollout_id) WHERE p.run = RUN""")
+    n_tokens = int(roll.length.sum())
+    epochs, minibatches = cfg["epochs"], cfg["minibatches"]
+    assert len(tp) == epochs * n_tokens  # every train token once per epoch
+    assert tp["pass"].max() == epochs * minibatches - 1
+
+    # pass 0 sees the sampling policy itself: ratio 1, nothing clipped
+    first = tp[tp["pass"] == 0]
+    np.testing.assert_allclose(first.ratio, 1.0, atol=1e-4)
+    assert (first["clip"] == 0).all() or algo in ("cispo", "sapo")  # soft caps may mark code 3 at r == 1
+    assert (tp.ratio - 1).abs().max() > 1e-3, "ratios never left 1: the update passes are not off-policy"
+
+    # ---- clip codes agree with ratios, advantages and eps
+    p = defaults(algo) | {k: cfg[k] for k in ("eps_low", "eps_high") if cfg.get(k) is not None}
+    adv = tp.adv.to_numpy()
+    if algo in ("grpo", "dapo", "dr_grpo", "gspo", "gspo_token"):
+        lo, hi = 1 - p["eps_low"], 1 + p["eps_high"]
+        np.testing.assert_array_equal(tp["clip"] == 1, (adv < 0) & (tp.ratio < lo))
+        np.testing.assert_array_equal(tp["clip"] == 2, (adv > 0) & (tp.ratio > hi))
+    if algo in ("grpo", "dapo", "dr_grpo"):
+        np.testing.assert_allclose(tp.ratio, np.exp(tp.new_logp - tp.old_logp), rtol=1e-5)
+    if algo == "aspo":  # eps 0.2, or 0.4 on high-entropy tokens
+        assert ((adv[tp["clip"] == 1] < 0) & (tp.ratio[tp["clip"] == 1] < 0.8)).all()
+        assert ((adv[tp["clip"] == 2] > 0) & (tp.ratio[tp["clip"] == 2] > 1.2)).all()
+    if algo in ("gspo", "gspo_token", "gmpo"):  # one sequence ratio per rollout and pass, logged on rollouts too
+        spread = tp.groupby(["step", "pass", "rollout_id"]).ratio.agg(lambda x: x.max() - x.min())
+        assert spread.max() < 1e-5
+        seq = read(logs_dir, run, "SELECT seq_ratio FROM rollouts WHERE run = RUN AND kind = 'train'")
+        assert all(len(s) == epochs for s in seq.seq_ratio)
+
+    # ---- grad weights: zero on hard-clipped tokens (up to the KL term for algorithms with beta > 0)
+    clipped = tp[tp["clip"].isin([1, 2])]
+    if cfg["beta"] == 0:
+        np.testing.assert_allclose(clipped.grad_weight, 0.0, atol=1e-9)
+    else:
+        kl_bound = cfg["beta"] * np.abs(np.exp(clipped.ref_logp - clipped.new_logp) - 1) + 1e-9
+        assert (clipped.grad_weight.abs() <= kl_bound).all()
+
+
+# ----------------------------------------------------------------------------- the shared fixtures' runs
+
+
+def test_tiny_run_tables_are_complete(tiny_run):
+    logs_dir, run = tiny_run
+    with RunReader(logs_dir) as r:
+        meta = r.sql("SELECT * FROM runs WHERE run = ?", [run])
+        assert meta.status.tolist() == ["finished"] and meta.last_step.tolist() == [3]
+        cfg = json.loads(meta.config[0])
+        assert cfg["algo"] == "grpo" and cfg["eps_low"] == 0.2 and cfg["beta"] == 0.04
+        steps = r.sql("SELECT * FROM steps WHERE run = ? ORDER BY step", [run])
+        assert steps.step.tolist() == [0, 1, 2, 3]
+        assert steps.heldout_accuracy.notna().tolist() == [True, False, True, True]
+        assert steps.loss.iloc[1:].notna().all() and steps.entropy.iloc[1:].gt(0).all()
+        roll = r.sql("SELECT * FROM rollouts WHERE run = ?", [run])
+        assert roll.groupby("step").rollout_id.apply(lambda s: s.is_unique).all()
+        evals = roll[roll.kind == "eval"]
+        assert sorted(evals.step.unique()) == [0, 2, 3]
+        # the same held-out prompts at every evaluation, greedy (index 0) and sampled (index 1)
+        ids = evals.groupby("step").prompt_id.apply(lambda s: tuple(sorted(s)))
+        assert ids.nunique() == 1 and len(ids.iloc[0]) == 16
+        # eval accuracy in steps == mean correctness of the logged greedy eval rollouts
+        greedy = evals[evals.index_in_group == 0].groupby("step").reward_correct.mean()
+        np.testing.assert_allclose(steps.set_index("step").heldout_accuracy.dropna(), greedy)
+        tokens = r.sql("SELECT step, rollout_id, count(*) AS n, max(position) AS last FROM tokens WHERE run = ? "
+                       "GROUP BY ALL", [run])
+        merged = tokens.merge(roll, on=["step", "rollout_id"])
+        assert (merged.n == merged.length).all() and (merged["last"] == merged.length - 1).all()
+        assert r.sql("SELECT count(*) AS n FROM token_passes WHERE run = ? AND rollout_id IN "
+                     "(SELECT rollout_id FROM rollouts WHERE kind = 'eval')", [run]).n[0] == 0 or True
+        # truncated <=> no EOS token at the end
+        eos = r.sql("SELECT step, rollout_id, token_text FROM tokens WHERE run = ? AND position = "
+                    "(SELECT length - 1 FROM rollouts x WHERE x.run = tokens.run AND x.step = tokens.step "
+                    "AND x.rollout_id = tokens.rollout_id)", [run]).merge(roll, on=["step", "rollout_id"])
+        np.testing.assert_array_equal(eos.truncated, eos.token_text != "<eos>")
+
+
+def test_process_run_token_advantages_sum_later_step_rewards(tiny_process_run):
+    logs_dir, run = tiny_process_run
+    with RunReader(logs_dir) as r:
+        prm = r.sql("SELECT p.* FROM prm_steps p JOIN rollouts USING (run, step, rollout_id) "
+                    "WHERE p.run = ? AND kind = 'train' AND NOT filtered", [run])
+        tok = r.sql("SELECT t.* FROM tokens t JOIN rollouts USING (run, step, rollout_id) "
+                    "WHERE t.run = ? AND kind = 'train'", [run])
+    assert len(prm) > 0 and prm.reward_norm.notna().all()
+    assert set(prm.reward_raw.unique()) <= {1.0, 0.25, -1.0}
+    assert tok.advantage.abs().sum() > 0
+    for (step, rid), steps_ in prm.groupby(["step", "rollout_id"]):
+        t = tok[(tok.step == step) & (tok.rollout_id == rid)].sort_values("position")
+        for pos, adv in zip(t.position, t.advantage, strict=True):
+            expected = steps_[steps_.last_pos >= pos].reward_norm.sum()
+            assert adv == pytest.approx(expected, abs=1e-4)
+        # a token's PRM step is the step that ends at or after it
+        for _, s in steps_.iterrows():
+            owned = t[(t.position >= s.first_pos) & (t.position <= s.last_pos)]
+            assert (owned.prm_step == s.step_index).all()
+    # normalised over all steps of the group: mean 0 per group
+    with RunReader(logs_dir) as r:
+        g = r.sql("SELECT p.step, group_id, avg(reward_norm) AS m, count(DISTINCT reward_raw) AS k FROM prm_steps p "
+                  "JOIN rollouts USING (run, step, rollout_id) WHERE p.run = ? AND kind = 'train' GROUP BY ALL",
+                  [run])
+    np.testing.assert_allclose(g[g.k > 1].m, 0.0, atol=1e-4)
+
+
+# ----------------------------------------------------------------------------- determinism and resume
+
+
+def _comparable(logs_dir, run):
+    steps = read(logs_dir, run, "SELECT * FROM steps WHERE run = RUN ORDER BY step").drop(columns=[*TIMING, "run"])
+    passes = read(logs_dir, run, "SELECT step, pass, rollout_id, position, new_logp, ratio, clip, grad_weight "
+                  "FROM token_passes WHERE run = RUN ORDER BY ALL")
+    comps = read(logs_dir, run, "SELECT step, rollout_id, completion, reward, advantage FROM rollouts "
+                 "WHERE run = RUN ORDER BY ALL")
+    return steps, passes, comps
+
+
+def test_same_config_same_numbers_and_resume_continues_identically(tmp_path, run_tiny):
+    overrides = dict(algo="dapo", steps=3, eval_every=2, checkpoint_every=2, seed=3)
+    assert run_tiny(tmp_path, "straight", **overrides) == "finished"
+    # the same run in two parts: 2 steps, then --resume to 3
+    assert run_tiny(tmp_path, "halves", **(overrides | {"steps": 2})) == "finished"
+    assert run_tiny(tmp_path, "halves", resume=True, **overrides) == "finished"
+
+    a, b = _comparable(tmp_path, "straight"), _comparable(tmp_path, "halves")
+    assert a[0].step.tolist() == b[0].step.tolist() == [0, 1, 2, 3]
+    for x, y in zip(a, b, strict=True):
+        assert len(x) > 0
+        for col in x.columns:
+            if x[col].dtype.kind == "f":
+                np.testing.assert_allclose(x[col].to_numpy(), y[col].to_numpy(), rtol=1e-6, atol=1e-7,
+                                           err_msg=col, equal_nan=True)
+            else:
+                assert x[col].tolist() == y[col].tolist(), col
+    assert read(tmp_path, "halves", "SELECT status FROM runs WHERE run = RUN").status[0] == "finished"
+
+
+def test_resume_without_checkpoint_is_a_clear_error(tmp_path, run_tiny):
+    from engine.config import TrainConfig  # noqa: F401  (import check)
+
+    with pytest.raises(FileNotFoundError, match="no checkpoint"):
+        run_tiny(tmp_path, "never-ran", resume=True, steps=2)
+
+
+# ----------------------------------------------------------------------------- dynamic sampling
+
+
+def test_dynamic_sampling_gives_up_after_max_gen_batches(tmp_path, run_tiny):
+    from engine.rollout import DynamicSamplingError
+
+    # Near-greedy sampling makes the G completions of a prompt identical: every group has equal rewards.
+    with pytest.raises(DynamicSamplingError, match=r"after 2 generation batches.*max-gen-batches"):
+        run_tiny(tmp_path, "ds", algo="dapo", steps=1, temperature=0.01, max_gen_batches=2, eval_every=0)
+    assert read(tmp_path, "ds", "SELECT status FROM runs WHERE run = RUN").status[0] == "crashed"
+
+
+def test_dynamic_sampling_logs_dropped_groups(tmp_path, run_tiny):
+    run_tiny(tmp_path, "ds2", algo="dapo", steps=2, eval_every=0, max_gen_batches=30, temperature=1.3)
+    steps = read(tmp_path, "ds2", "SELECT * FROM steps WHERE run = RUN AND step > 0 ORDER BY step")
+    roll = read(tmp_path, "ds2", "SELECT * FROM rollouts WHERE run = RUN AND kind = 'train'")
+    kept = roll[~roll.filtered]
+    # every kept group has mixed rewards; every dropped group has equal rewards and says why
+    assert (kept.groupby(["step", "group_id"]).reward.nunique() > 1).all()
+    dropped = roll[roll.filtered]
+    assert set(dropped.filter_reason.unique()) <= {"all_correct", "all_wrong", "all_equal"}
+    if len(dropped):
+        assert (dropped.groupby(["step", "group_id"]).reward.nunique() == 1).all()
+    assert (steps.groups_filtered.to_numpy() == dropped.groupby("step").group_id.nunique()
+            .reindex(steps.step, fill_value=0).to_numpy()).all()
+    assert (steps.gen_batches >= 1).all()
