@@ -138,10 +138,60 @@ def group_summary(logs_dir: str, run: str, step: int) -> pd.DataFrame:
 
 
 @st.cache_data(ttl=STEP_TTL, show_spinner=False)
-def step_passes(logs_dir: str, run: str, step: int) -> list[int]:
-    """Optimisation passes logged for a step (empty when the step logged none)."""
-    frame = sql(logs_dir, 'SELECT DISTINCT "pass" FROM token_passes WHERE run = ? AND step = ? ORDER BY 1', [run, step])
+def rollout_passes(logs_dir: str, run: str, step: int, rollout_id: int) -> list[int]:
+    """The optimisation passes that used a rollout. With mini-batches a rollout is in one pass per epoch, not in
+    every pass of the step."""
+    frame = sql(
+        logs_dir,
+        'SELECT DISTINCT "pass" FROM token_passes WHERE run = ? AND step = ? AND rollout_id = ? ORDER BY 1',
+        [run, step, rollout_id],
+    )
     return [int(p) for p in frame["pass"]]
+
+
+@st.cache_data(ttl=STEP_TTL, show_spinner=False)
+def update_count(logs_dir: str, run: str, step: int, rollout_ids: tuple[int, ...]) -> int:
+    """How many optimisation passes used each of these rollouts (the number of epochs; 0 if none was logged)."""
+    frame = sql(
+        logs_dir,
+        """SELECT coalesce(max(n), 0) AS n FROM (
+               SELECT rollout_id, count(DISTINCT "pass") AS n FROM token_passes
+               WHERE run = ? AND step = ? AND list_contains(?, rollout_id) GROUP BY rollout_id)""",
+        [run, step, list(rollout_ids)],
+    )
+    return int(frame["n"].iloc[0])
+
+
+@st.cache_data(ttl=STEP_TTL, show_spinner=False)
+def tokens_at_update(logs_dir: str, run: str, step: int, rollout_ids: tuple[int, ...], update: int) -> pd.DataFrame:
+    """Tokens of some rollouts, each with the values of its `update`-th pass (0-based; -1 = its last one).
+
+    Different rollouts of a step are in different mini-batches, so "the same moment" for a group is the k-th time
+    each of its rollouts was used, not one pass number."""
+    return sql(
+        logs_dir,
+        """
+        WITH used AS (
+            SELECT DISTINCT rollout_id, "pass" FROM token_passes
+            WHERE run = ? AND step = ? AND list_contains(?, rollout_id)
+        ), ranked AS (
+            SELECT rollout_id, "pass", row_number() OVER (PARTITION BY rollout_id ORDER BY "pass") - 1 AS k,
+                   count(*) OVER (PARTITION BY rollout_id) AS n
+            FROM used
+        ), chosen AS (
+            SELECT rollout_id, "pass" FROM ranked WHERE k = CASE WHEN ? < 0 THEN n - 1 ELSE ? END
+        ), passes AS (
+            SELECT p.* FROM token_passes p JOIN chosen c ON c.rollout_id = p.rollout_id AND c."pass" = p."pass"
+            WHERE p.run = ? AND p.step = ?
+        )
+        SELECT t.rollout_id, t.position, t.token_id, t.token_text, t.old_logp, t.ref_logp, t.entropy, t.advantage,
+               t.prm_step, p."pass", p.new_logp, p.ratio, p.clip, p.grad_weight, p.token_loss, p.kl
+        FROM tokens t LEFT JOIN passes p ON p.rollout_id = t.rollout_id AND p.position = t.position
+        WHERE t.run = ? AND t.step = ? AND list_contains(?, t.rollout_id)
+        ORDER BY t.rollout_id, t.position
+        """,
+        [run, step, list(rollout_ids), update, update, run, step, run, step, list(rollout_ids)],
+    )
 
 
 @st.cache_data(ttl=STEP_TTL, show_spinner=False)

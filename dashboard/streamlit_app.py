@@ -17,6 +17,7 @@ _ROOT = str(Path(__file__).resolve().parent.parent)
 if _ROOT not in sys.path:
     sys.path.insert(0, _ROOT)
 
+import pandas as pd  # noqa: E402
 import streamlit as st  # noqa: E402
 
 from dashboard import common, queries  # noqa: E402
@@ -75,8 +76,8 @@ run = st.sidebar.selectbox(
     help="● running  ■ stopped  ✖ crashed",
 )
 info = runs[runs["run"] == run].iloc[0]
-version = (run, str(info["status"]), int(info["last_step"]) if info["last_step"] == info["last_step"] else -1,
-           str(info["updated_at"]))
+last_logged = int(info["last_step"]) if pd.notna(info["last_step"]) else -1  # NULL: no step yet
+version = (run, str(info["status"]), last_logged, str(info["updated_at"]))
 try:
     steps = queries.step_numbers(logs, run, version)
 except Exception as error:

@@ -42,20 +42,23 @@ if scope == "one group":
     group_id = c2.selectbox("Group", group_ids, key="weigh_group",
                             format_func=lambda g: f"group {g} · {outcome_of[g]}")
 common.set_url_value("group", group_id)
-passes = common.load("the passes", queries.step_passes, logs, run, step)
-pass_ = None
-if passes:
-    pass_, _ = common.initial_value("weigh_pass", "pass", int, passes, passes[-1])
-    st.session_state["weigh_pass"] = pass_
-    pass_ = c3.selectbox("Log-probs of pass", passes, key="weigh_pass",
-                         help="the new log-probs of this optimisation pass give the ratios; pass 0 has ratio 1")
-else:
-    c3.caption("No pass logged: ratios are 1.")
-common.set_url_value("pass", pass_)
-
 chosen = rollouts if group_id is None else rollouts[rollouts["group_id"] == group_id]
 rollout_ids = tuple(int(r) for r in chosen["rollout_id"])
-tokens = common.load("the tokens", queries.rollout_tokens, logs, run, step, rollout_ids, pass_)
+updates = common.load("the passes", queries.update_count, logs, run, step, rollout_ids)
+update = -1
+if updates:
+    options = list(range(updates))
+    update, _ = common.initial_value("weigh_update", "update", int, options, updates - 1)
+    st.session_state["weigh_update"] = update
+    update = c3.selectbox(
+        "Log-probs at update", options, key="weigh_update", format_func=lambda k: f"epoch {k + 1} of {updates}",
+        help="each completion's new log-probs the k-th time an optimisation pass used it (its mini-batch in "
+        "epoch k); the first one has ratio 1 unless another mini-batch moved the policy before",
+    )
+    common.set_url_value("update", update)
+else:
+    c3.caption("No optimisation pass logged: ratios are 1.")
+tokens = common.load("the tokens", queries.tokens_at_update, logs, run, step, rollout_ids, update)
 if tokens.empty:
     st.info("No tokens logged for these rollouts.")
     st.stop()

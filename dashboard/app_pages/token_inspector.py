@@ -38,7 +38,7 @@ channel, _ = common.initial_value("channel", "channel", str, channel_names, "adv
 st.session_state["channel"] = channel
 channel = middle.selectbox("Colour by", channel_names, key="channel", format_func=lambda c: CHANNELS[c].label)
 
-passes = common.load("the optimisation passes", queries.step_passes, logs, run, step)
+passes = common.load("the optimisation passes", queries.rollout_passes, logs, run, step, rollout_id)
 pass_ = None
 if passes:
     pass_, _ = common.initial_value("pass", "pass", int, passes, passes[-1])
@@ -46,7 +46,7 @@ if passes:
     pass_ = right.selectbox("Optimisation pass", passes, key="pass",
                             help="new log-prob, ratio, clip, gradient weight, token loss and KL as used by this pass")
 else:
-    right.caption("No optimisation pass logged for this step.")
+    right.caption("No optimisation pass used this rollout (eval rollouts are never trained on).")
 for key, value in (("rollout", rollout_id), ("channel", channel), ("pass", pass_)):
     common.set_url_value(key, value)
 
