@@ -1,0 +1,106 @@
+"""TrainConfig: presets from the papers, validation messages, file and CLI loading (no training here)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from engine.config import ConfigError, TrainConfig, field_docs, knob_fields
+from engine.objectives import ALGORITHMS, defaults
+
+
+def test_every_field_has_a_docstring_and_a_flag():
+    from engine.cli import build_parser
+
+    docs = field_docs()
+    names = [f.name for f in knob_fields()]
+    assert [n for n in names if not docs.get(n)] == []
+    help_text = build_parser()._subparsers._group_actions[0].choices["train"].format_help()
+    for name in names:
+        assert "--" + name.replace("_", "-") in help_text
+
+
+@pytest.mark.parametrize("algo", ALGORITHMS)
+def test_presets_take_the_objective_defaults(algo):
+    cfg = TrainConfig(algo=algo)
+    for key, value in defaults(algo).items():
+        if key == "max_len":
+            assert cfg.max_len == cfg.max_new_tokens
+        else:
+            assert getattr(cfg, key) == value, key
+    assert cfg.epochs * cfg.minibatches >= 2, "one pass per batch would never clip"
+
+
+def test_paper_loop_settings():
+    assert TrainConfig(algo="dapo").dynamic_sampling and TrainConfig(algo="dapo").overlong_shaping
+    assert not TrainConfig(algo="grpo").dynamic_sampling
+    assert TrainConfig(algo="gspo").minibatches == 4
+    assert TrainConfig(algo="aspo").epochs == 3
+    assert TrainConfig(algo="dr_grpo").scale_adv_by_std is False
+    assert (TrainConfig(algo="dapo").eps_low, TrainConfig(algo="dapo").eps_high) == (0.2, 0.28)
+    cfg = TrainConfig(task="linear")
+    assert cfg.overlong_max_len == cfg.max_new_tokens and cfg.overlong_cache_len == cfg.max_new_tokens // 5
+
+
+def test_overrides_win_over_presets():
+    cfg = TrainConfig(algo="dapo", eps_high=0.3, dynamic_sampling=False, minibatches=3)
+    assert (cfg.eps_high, cfg.dynamic_sampling, cfg.minibatches) == (0.3, False, 3)
+    assert cfg.objective_overrides()["eps_high"] == 0.3
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        (dict(group_size=1), "group_size must be >= 2"),
+        (dict(batch_size=30, group_size=8), r"multiple of group_size.*--batch-size 24"),
+        (dict(eps_low=1.5), r"eps_low must be in \(0, 1\]"),
+        (dict(eps_high=0.0), "eps_high must be > 0"),
+        (dict(algo="ppo2"), "unknown algo 'ppo2'; choose one of: grpo, dapo"),
+        (dict(task="sudoku"), "unknown task 'sudoku'; choose one of: linear"),
+        (dict(overlong_max_len=20, overlong_cache_len=25), r"overlong_cache_len \(L_cache = 25\)"),
+        (dict(supervision="reward-model"), "supervision must be one of"),
+        (dict(algo="grpo", tau_pos=1.0), "tau_pos is not a hyper-parameter of grpo"),
+        (dict(temperature=0.0), "temperature"),
+        (dict(top_p=1.5), "top_p"),
+        (dict(minibatches=100, batch_size=64), "minibatches must be in"),
+        (dict(max_gen_batches=0), "max_gen_batches"),
+        (dict(lr=-1.0), "lr must be > 0"),
+        (dict(beta=-0.1), "beta"),
+        (dict(max_len=5, max_new_tokens=30), r"max_len \(5\) must be >= max_new_tokens"),
+        (dict(device="tpu"), "device must be one of"),
+    ],
+)
+def test_validation_errors_are_actionable(kwargs, message):
+    with pytest.raises(ConfigError, match=message):
+        TrainConfig(**kwargs)
+
+
+def test_saved_config_round_trips_and_file_loading(tmp_path):
+    cfg = TrainConfig(algo="gspo", steps=7)
+    again = TrainConfig.from_dict(json.loads(json.dumps(cfg.to_dict())))
+    assert again == cfg
+    path = tmp_path / "c.json"
+    path.write_text(json.dumps({"algo": "dapo", "lr": 1e-3}))
+    loaded = TrainConfig.from_file(path, lr=5e-4)
+    assert (loaded.algo, loaded.lr, loaded.eps_high) == ("dapo", 5e-4, 0.28)
+    path.write_text(json.dumps({"algo": "dapo", "learning_rate": 1e-3}))
+    with pytest.raises(ConfigError, match=r"unknown config field.*learning_rate"):
+        TrainConfig.from_file(path)
+    path.write_text("{not json")
+    with pytest.raises(ConfigError, match="not valid JSON"):
+        TrainConfig.from_file(path)
+
+
+def test_cli_flags_build_the_config(tmp_path, capsys):
+    from engine.cli import main
+
+    path = tmp_path / "c.json"
+    path.write_text(json.dumps({"algo": "grpo", "lr": 1e-3, "eps_high": 0.25}))
+    assert main(["train", "--config", str(path), "--eps-high", "0.3", "--no-scale-adv-by-std", "--print-config"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert (out["algo"], out["lr"], out["eps_high"], out["scale_adv_by_std"]) == ("grpo", 1e-3, 0.3, False)
+    assert main(["train", "--algo", "dapo", "--group-size", "1", "--print-config"]) == 2
+    assert "group_size must be >= 2" in capsys.readouterr().err
+    assert main(["train", "--resume", "nope", "--logs-dir", str(tmp_path)]) == 2
+    assert "no run 'nope'" in capsys.readouterr().err
