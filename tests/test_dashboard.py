@@ -78,27 +78,16 @@ def plotly_spec(at: AppTest, key: str) -> dict:
 # ---------------------------------------------------------------- the runs used
 
 
-def _engine_run_or_synthetic(request, fixture: str, tmp_path_factory):
-    try:
-        return request.getfixturevalue(fixture)
-    except pytest.FixtureLookupError:  # TEMPORARY until conftest.py provides the engine-trained runs
-        from dashboard.synthetic import write_synthetic_run
-
-        logs = tmp_path_factory.mktemp("synthetic_logs")
-        write_synthetic_run(str(logs), "synthetic", steps=3)
-        return str(logs), "synthetic"
+@pytest.fixture(scope="module")
+def trained(tiny_run):
+    """(logs_dir, run) of a tiny GRPO run trained by the engine (tests/conftest.py)."""
+    return str(tiny_run[0]), tiny_run[1]
 
 
 @pytest.fixture(scope="module")
-def trained(request, tmp_path_factory):
-    """(logs_dir, run) of a tiny run trained by the engine."""
-    return _engine_run_or_synthetic(request, "tiny_run", tmp_path_factory)
-
-
-@pytest.fixture(scope="module")
-def trained_prm(request, tmp_path_factory):
+def trained_prm(tiny_process_run):
     """(logs_dir, run) of a tiny process-supervised run trained by the engine."""
-    return _engine_run_or_synthetic(request, "tiny_process_run", tmp_path_factory)
+    return str(tiny_process_run[0]), tiny_process_run[1]
 
 
 def last_step(logs_dir, run) -> int:
