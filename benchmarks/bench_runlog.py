@@ -32,7 +32,7 @@ import numpy as np
 import pyarrow as pa
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from engine.runlog import RunReader, RunWriter
+from engine.runlog import RunReader, RunWriter, data_dir_of
 
 
 def synthetic_step(step: int, rollouts: int, tokens: int, passes: int, rng: np.random.Generator) -> dict:
@@ -138,7 +138,7 @@ def bench_storage(logs_dir: Path, steps: int, rollouts: int, tokens: int, passes
         "query_ms one rollout's tokens": _median_ms(one_rollout_tokens, repeats),
         "query_ms one rollout's token_passes": _median_ms(one_rollout_passes, repeats),
         "query_ms full steps table": _median_ms(steps_table, repeats),
-        "data folders": len(os.listdir(logs_dir / "bench" / "data")),
+        "data folders": len(os.listdir(data_dir_of(logs_dir / "bench"))),
     }
     reader_cold = RunReader(logs_dir)
     t0 = time.perf_counter()

@@ -9,12 +9,13 @@ On-disk layout (``SCHEMA_VERSION`` 1)::
     <logs_dir>/<run>/run.json                      name, run_id, algorithm, task, model, config, status, times,
                                                    last_step, schema_version (replaced atomically, rank 0 only)
     <logs_dir>/<run>/writer-rank<R>.lock           held (flock) by the live writer of rank R: pid and host inside
-    <logs_dir>/<run>/data/step-<S>.rank<R>.s<W>/   one finished step of one rank: <table>.parquet for each table
+    <logs_dir>/<run>/data/run=<run>/               the step data (``run=`` lets DuckDB skip other runs by path):
+        step-<S>.rank<R>.s<W>/                     one finished step of one rank: <table>.parquet for each table
                                                    that has rows (steps, rollouts, tokens, token_passes, prm_steps);
                                                    W identifies the writer session (hex microseconds)
-    <logs_dir>/<run>/data/chunk-<A>-<B>-<Q>.rank<R>/   steps A..B of rank R merged into larger sorted files
+        chunk-<A>-<B>-<Q>.rank<R>/                 steps A..B of rank R merged into larger sorted files
                                                    (compaction; Q is a sequence number, the newest chunk wins)
-    <logs_dir>/<run>/data/.tmp-* / .trash-*        in progress / being deleted; readers never look at dot names
+        .tmp-* / .trash-*                          in progress / being deleted; readers never look at dot names
 
 How the behaviour the issue asks for is obtained:
 
@@ -342,7 +343,8 @@ class _WriterLock:
                         ) from None
                     time.sleep(0.02)
         os.ftruncate(self.fd, 0)
-        os.pwrite(self.fd, json.dumps({"pid": os.getpid(), "host": socket.gethostname()}).encode(), 0)
+        os.lseek(self.fd, 0, os.SEEK_SET)
+        os.write(self.fd, json.dumps({"pid": os.getpid(), "host": socket.gethostname()}).encode())
 
     def release(self) -> None:
         if self.fd is not None:
@@ -368,6 +370,13 @@ class _Segment:
     @property
     def is_chunk(self) -> bool:
         return self.seq >= 0
+
+
+def data_dir_of(run_dir: Path) -> Path:
+    """Where a run's step and chunk folders live: ``<run>/data/run=<name>``. The redundant ``run=<name>`` is a
+    Hive-style partition key: DuckDB reads it from the path and skips other runs' files without opening them
+    (a query for one rollout over 20 runs: ~30 ms instead of ~100 ms)."""
+    return run_dir / "data" / f"run={run_dir.name}"
 
 
 def _scan_segments(data_dir: Path, problems: list[str] | None = None) -> list[_Segment]:
@@ -478,7 +487,7 @@ def list_runs(logs_dir: str | os.PathLike, problems: list[str] | None = None) ->
             if problems is not None:
                 problems.append(str(err))
             continue
-        segments = _scan_segments(run_dir / "data")
+        segments = _scan_segments(data_dir_of(run_dir))
         last = max((s.last for s in segments), default=None)
         runs.append(_run_info(run_dir, meta, last))
     runs.sort(key=lambda r: (r["created_at"] or dt.datetime.min, r["run"]))
@@ -509,7 +518,7 @@ class RunWriter:
         self.name = name
         self.rank = rank
         self.run_dir = self.logs_dir / name
-        self.data_dir = self.run_dir / "data"
+        self.data_dir = data_dir_of(self.run_dir)
         self.meta = meta
         self.compact_every = compact_every
         self._lock = lock
@@ -572,7 +581,7 @@ class RunWriter:
             # Build the folder under a dot name and rename it into place: a reader never sees a run without
             # run.json, and of two processes creating the same name only one rename succeeds.
             tmp = logs_dir / f".tmp-create-{name}-{uuid.uuid4().hex[:8]}"
-            (tmp / "data").mkdir(parents=True)
+            (tmp / "data" / f"run={name}").mkdir(parents=True)  # = data_dir_of(run_dir) once renamed
             _write_json_atomic(tmp / "run.json", meta)
             lock = _WriterLock(tmp / "writer-rank0.lock", name, rank)
             try:
@@ -614,8 +623,8 @@ class RunWriter:
         meta = _read_run_json(run_dir)
         lock = _WriterLock(run_dir / f"writer-rank{rank}.lock", name, rank)
         try:
-            data_dir = run_dir / "data"
-            data_dir.mkdir(exist_ok=True)
+            data_dir = data_dir_of(run_dir)
+            data_dir.mkdir(parents=True, exist_ok=True)
             for entry in os.scandir(data_dir):  # leftovers of a killed writer of this rank
                 if entry.name.startswith((".tmp-", ".trash-")) and f".rank{rank}-" in entry.name:
                     shutil.rmtree(entry.path, ignore_errors=True)
@@ -893,6 +902,19 @@ def _duckdb_type(arrow_type: pa.DataType) -> str:
     return _DUCKDB_TYPES[arrow_type]
 
 
+def _check_file(path: str, table: str) -> str | None:
+    """Cheap validation (footer + schema) before a file enters a view, so one bad file cannot break every query."""
+    try:
+        schema = pq.read_schema(path)
+    except FileNotFoundError:
+        return None  # vanished: the view rebuild notices
+    except Exception as err:  # pyarrow raises several types for garbage
+        return f"damaged or not a Parquet file ({type(err).__name__}: {err})"
+    if not schema.remove_metadata().equals(TABLE_SCHEMAS[table]):
+        return f"not a {table} file of this schema (columns {schema.names})"
+    return None
+
+
 def _sql_str(value: str) -> str:
     return "'" + value.replace("'", "''") + "'"
 
@@ -917,7 +939,8 @@ class RunReader:
         self._con = duckdb.connect(":memory:")
         # Our files are immutable under a given name, so caching their footers is safe and saves a read per file.
         self._con.execute("SET parquet_metadata_cache = true")
-        self._checked: dict[str, tuple[int, int, str | None]] = {}  # path -> (size, mtime_ns, problem or None)
+        self._segments: dict[str, tuple[list, list[str]]] = {}  # folder -> ([(table, path)], problems)
+        self._seen_segments: set[str] = set()
         self._quarantined: dict[str, str] = {}
         self._meta_cache: dict[str, tuple[int, int, dict]] = {}
         self._views: dict[str, list[str]] = {}
@@ -991,6 +1014,7 @@ class RunReader:
         problems: list[str] = []
         files: dict[str, list[str]] = {t: [] for t in DATA_TABLES}
         runs_rows = []
+        self._seen_segments = set()
         for run_dir in self._run_dirs(problems):
             try:
                 meta = self._meta(run_dir)
@@ -999,7 +1023,7 @@ class RunReader:
                     raise
                 problems.append(str(err))
                 continue
-            segments = _scan_segments(run_dir / "data", problems)
+            segments = _scan_segments(data_dir_of(run_dir), problems)
             for seg in segments:
                 if not self._collect(seg, files, problems) and not final:
                     return None
@@ -1008,6 +1032,8 @@ class RunReader:
             info["config"] = json.dumps(info["config"])
             runs_rows.append(tuple(info[name] for name in RUNS_SCHEMA.names))
         problems.extend(f"{path}: {msg} (skipped)" for path, msg in self._quarantined.items())
+        for gone in self._segments.keys() - self._seen_segments:  # compacted away: forget
+            del self._segments[gone]
         return problems, files, runs_rows
 
     def _apply(self, problems: list[str], files: dict[str, list[str]], runs_rows: list[tuple]) -> bool:
@@ -1061,53 +1087,43 @@ class RunReader:
         return meta
 
     def _collect(self, seg: _Segment, files: dict[str, list[str]], problems: list[str]) -> bool:
-        """Add the segment's valid files to `files`; False if the segment vanished since the listing."""
-        try:
-            entries = list(os.scandir(seg.path))
-        except FileNotFoundError:  # deleted since the listing (compaction, truncation): the caller rescans
-            return False
-        for entry in entries:
-            table = entry.name[: -len(".parquet")] if entry.name.endswith(".parquet") else None
-            if table not in TABLE_SCHEMAS:
-                problems.append(f"{entry.path}: foreign file in a step folder (ignored)")
-                continue
-            path = entry.path
-            if path in self._quarantined:
-                continue
-            problem = self._check_file(path, table)
-            if problem:
-                problems.append(f"{path}: {problem} (skipped)")
-            else:
-                files[table].append(path)
-        return True
+        """Add the segment's valid files to `files`; False if the segment vanished since the listing.
 
-    def _check_file(self, path: str, table: str) -> str | None:
-        """Cheap once-per-file validation (footer + schema), so one bad file cannot break every query."""
-        try:
-            st = os.stat(path)
-        except FileNotFoundError:
-            return None
-        cached = self._checked.get(path)
-        if cached and cached[:2] == (st.st_size, st.st_mtime_ns):
-            return cached[2]
-        try:
-            schema = pq.read_schema(path)
-            expected = TABLE_SCHEMAS[table]
-            problem = None if schema.remove_metadata().equals(expected) else (
-                f"not a {table} file of this schema (columns {schema.names})"
-            )
-        except Exception as err:  # pyarrow raises several types for garbage
-            problem = f"damaged or not a Parquet file ({type(err).__name__}: {err})"
-        self._checked[path] = (st.st_size, st.st_mtime_ns, problem)
-        return problem
+        A segment folder never changes once renamed into place, so its listing and file checks are done once
+        (a file damaged later is caught when a query fails on it, see `_handle_file_error`)."""
+        key = str(seg.path)
+        cached = self._segments.get(key)
+        if cached is None:
+            try:
+                entries = list(os.scandir(seg.path))
+            except FileNotFoundError:  # deleted since the listing (compaction, truncation): the caller rescans
+                return False
+            found, notes = [], []
+            for entry in entries:
+                table = entry.name[: -len(".parquet")] if entry.name.endswith(".parquet") else None
+                if table not in TABLE_SCHEMAS:
+                    notes.append(f"{entry.path}: foreign file in a step folder (ignored)")
+                elif problem := _check_file(entry.path, table):
+                    notes.append(f"{entry.path}: {problem} (skipped)")
+                else:
+                    found.append((table, entry.path))
+            cached = self._segments[key] = (found, notes)
+        self._seen_segments.add(key)
+        for table, path in cached[0]:
+            if path not in self._quarantined:
+                files[table].append(path)
+        problems.extend(cached[1])
+        return True
 
     def _create_view(self, table: str, paths: list[str]) -> None:
         if paths:
             listing = ", ".join(_sql_str(p) for p in paths)
-            source = f"read_parquet([{listing}])"
+            # Explicit columns: a `key=value` folder above the logs folder would otherwise add a column.
+            source = f"read_parquet([{listing}], hive_partitioning = true, hive_types = {{'run': 'VARCHAR'}})"
         else:  # an empty run, or no process-supervision steps: the right columns, no rows
             source = f"_runlog.empty_{table}"
-        self._con.execute(f"CREATE OR REPLACE VIEW {table} AS SELECT * FROM {source}")
+        columns = ", ".join(f'"{name}"' for name in TABLE_SCHEMAS[table].names)
+        self._con.execute(f"CREATE OR REPLACE VIEW {table} AS SELECT {columns} FROM {source}")
         self._views[table] = paths
 
     def _handle_file_error(self, err: duckdb.Error) -> bool:

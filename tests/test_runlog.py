@@ -20,6 +20,7 @@ from engine.runlog import (
     RunLogError,
     RunReader,
     RunWriter,
+    data_dir_of,
     list_runs,
     validate_run_name,
 )
@@ -132,13 +133,13 @@ def test_compaction_keeps_every_row_once_and_bounds_folders(tmp_path):
     for step in range(21):
         w.log_step(step, **make_step(step))
     w.flush()
-    folders = sorted(os.listdir(tmp_path / "c" / "data"))
+    folders = sorted(os.listdir(data_dir_of(tmp_path / "c")))
     assert any(f.startswith("chunk-") for f in folders)
     r = RunReader(tmp_path)
     assert token_counts(r, "c") == {s: 12 for s in range(21)}
     w.close()
     # 21 steps, chunks of 2 merged 8 at a time: one 16-step chunk, two 2-step chunks, the last step alone
-    folders = sorted(os.listdir(tmp_path / "c" / "data"))
+    folders = sorted(os.listdir(data_dir_of(tmp_path / "c")))
     assert len(folders) == 4 and folders[0].startswith("chunk-000000000-000000015-"), folders
     assert token_counts(r, "c") == {s: 12 for s in range(21)}
     assert r.sql("SELECT count(*) AS n FROM steps").n[0] == 21
@@ -222,7 +223,7 @@ def test_two_ranks_write_one_run(tmp_path):
 def test_bad_files_are_skipped_and_reported(tmp_path):
     write_run(tmp_path, "good", 2)
     write_run(tmp_path, "bad", 4, compact_every=0)
-    data = tmp_path / "bad" / "data"
+    data = data_dir_of(tmp_path / "bad")
     (step_dir(data, 1) / "tokens.parquet").write_bytes(b"garbage, not parquet")
     step2 = step_dir(data, 2) / "tokens.parquet"
     step2.write_bytes(step2.read_bytes()[: step2.stat().st_size // 2])  # truncated
@@ -242,7 +243,7 @@ def test_bad_files_are_skipped_and_reported(tmp_path):
 
 def test_corrupt_page_inside_valid_footer_is_quarantined_at_query_time(tmp_path):
     write_run(tmp_path, "a", 2, compact_every=0)
-    path = step_dir(tmp_path / "a" / "data", 1) / "tokens.parquet"
+    path = step_dir(data_dir_of(tmp_path / "a"), 1) / "tokens.parquet"
     blob = bytearray(path.read_bytes())
     for i in range(4, len(blob) // 2):  # scramble data pages, keep the footer
         blob[i] ^= 0x5A
@@ -334,3 +335,12 @@ def test_export_round_trip(tmp_path):
     with pytest.raises(RunLogError, match="already exists"):
         r.export(out)
     assert not [p for p in tmp_path.iterdir() if p.name.startswith(".tmp")]
+
+
+def test_numeric_run_name_and_key_value_folder_above_logs(tmp_path):
+    logs = tmp_path / "sweep=3" / "logs"  # a Hive-looking folder must not add a column
+    write_run(logs, "2026", 2)
+    r = RunReader(logs)
+    df = r.sql("SELECT * FROM tokens WHERE run = ?", ["2026"])
+    assert list(df.columns) == TABLE_SCHEMAS["tokens"].names and len(df) == 24
+    assert r.sql("SELECT DISTINCT run FROM steps").run.tolist() == ["2026"]

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from engine.runlog import RunReader, RunWriter, list_runs
+from engine.runlog import RunReader, RunWriter, data_dir_of, list_runs
 
 pytestmark = pytest.mark.skipif(not hasattr(signal, "SIGKILL"), reason="needs POSIX signals")
 
@@ -133,7 +133,7 @@ def test_sigkill_mid_step_loses_only_that_step_then_resume(tmp_path):
         proc.kill()
         proc.wait()
 
-    data = tmp_path / "killed" / "data"
+    data = data_dir_of(tmp_path / "killed")
     assert any(p.name.startswith(".tmp-step-000000006") for p in data.iterdir())  # the interrupted step
     reader = RunReader(tmp_path)
     assert check_whole_steps(reader, "killed") == set(range(6))
