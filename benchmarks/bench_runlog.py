@@ -3,7 +3,6 @@
     python benchmarks/bench_runlog.py                       # storage + queries on a 1M-token-row synthetic run
     python benchmarks/bench_runlog.py --steps 1000 --rollouts 16   # same rows spread over many more steps
     python benchmarks/bench_runlog.py --overhead            # + logging overhead with a synthetic training step
-    python benchmarks/bench_runlog.py --trainer 12          # + overhead in the real trainer (default config)
 
 (a) Storage: writes a synthetic run (`--steps` x `--rollouts` x ~`--tokens` tokens, `--passes` optimisation passes
     per token) through `RunWriter`, then reports bytes per token row on disk and the median latency of the queries
@@ -13,8 +12,7 @@
     does one step of work and returns the keyword arguments of `RunWriter.log_step` (metrics, rollouts, tokens,
     ...). Pass the real trainer's step to measure the true overhead (target: at most 5% slower); from the command
     line, `--overhead` uses a synthetic step that does `--step-ms` of work and logs a realistic step's tables.
-    `--trainer N` trains the default config N steps twice, per-token logging on (`log_tokens=True`) and off, and
-    compares the median time between consecutive steps (the `wall_time` column, which includes `log_step`).
+    The overhead in the real trainer (default config, per-token logging on vs off) is `benchmarks/bench_train.py`.
 """
 
 from __future__ import annotations
@@ -171,27 +169,6 @@ def measure_overhead(
     return {"step_ms logging off": off * 1000, "step_ms logging on": on * 1000, "overhead %": 100 * (on / off - 1)}
 
 
-def trainer_overhead(steps: int, cache_dir: str, **overrides) -> dict:
-    """Median seconds per step of `engine.train.train` (default config) with per-token logging on and off."""
-    from engine.config import TrainConfig
-    from engine.runlog import RunReader as Reader
-    from engine.train import train
-
-    result = {}
-    with tempfile.TemporaryDirectory() as tmp:
-        for log_tokens in (False, True):
-            cfg = TrainConfig(steps=steps, eval_every=0, checkpoint_every=0, log_tokens=log_tokens, **overrides)
-            name = f"tokens-{'on' if log_tokens else 'off'}"
-            train(cfg, name, tmp, cache_dir=cache_dir, progress=False)
-            wall = Reader(tmp, runs=name).sql("SELECT wall_time FROM steps WHERE step > 0 ORDER BY step").wall_time
-            result[f"step_ms per-token logging {'on' if log_tokens else 'off'}"] = 1000 * float(
-                np.median(np.diff(wall.to_numpy())[1:])  # skip the first step (warm-up)
-            )
-    on, off = result["step_ms per-token logging on"], result["step_ms per-token logging off"]
-    result["overhead %"] = 100 * (on / off - 1)
-    return result
-
-
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, default=200)
@@ -201,8 +178,6 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--repeats", type=int, default=15)
     parser.add_argument("--overhead", action="store_true", help="also measure logging overhead (synthetic step)")
     parser.add_argument("--step-ms", type=float, default=1000.0, help="work per synthetic training step")
-    parser.add_argument("--trainer", type=int, metavar="STEPS", help="also time the real trainer for STEPS steps")
-    parser.add_argument("--cache-dir", default="logs/.cache", help="the trainer's warm-start cache (--trainer)")
     parser.add_argument("--skip-storage", action="store_true", help="only run the overhead measurements")
     parser.add_argument("--dir", help="where to write (default: a temporary folder, deleted afterwards)")
     args = parser.parse_args(argv)
@@ -224,12 +199,6 @@ def main(argv: list[str] | None = None) -> int:
 
             for key, value in measure_overhead(step_fn, Path(tmp)).items():
                 print(f"{key:40s} {value:12.2f}")
-    if args.trainer:
-        import torch
-
-        torch.set_num_threads(1)
-        for key, value in trainer_overhead(args.trainer, args.cache_dir).items():
-            print(f"{key:40s} {value:12.2f}")
     return 0
 
 
