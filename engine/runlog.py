@@ -220,6 +220,11 @@ def _remove_tree(path: Path) -> None:
     shutil.rmtree(trash, ignore_errors=True)
 
 
+def _check_rank(rank: Any) -> None:
+    if not isinstance(rank, int) or isinstance(rank, bool) or rank < 0:
+        raise RunLogError(f"rank must be an integer >= 0, got {rank!r}")
+
+
 def _json_default(value: Any) -> Any:
     if dataclasses.is_dataclass(value) and not isinstance(value, type):
         return dataclasses.asdict(value)
@@ -233,14 +238,19 @@ def _to_arrow(table: str, data: Any, run: str, step: int) -> pa.Table | None:
     if data is None:
         return None
     schema = TABLE_SCHEMAS[table]
-    if type(data).__name__ == "DataFrame" and type(data).__module__.startswith("pandas"):
-        arrow = pa.Table.from_pandas(data, preserve_index=False)
-    elif isinstance(data, pa.Table):
-        arrow = data
-    elif isinstance(data, Mapping):
-        arrow = pa.table({k: _column_values(v) for k, v in data.items()})
-    else:
-        raise RunLogError(f"{table}: expected a pandas DataFrame, pyarrow Table or dict of columns, got {type(data)}")
+    try:
+        if type(data).__name__ == "DataFrame" and type(data).__module__.startswith("pandas"):
+            arrow = pa.Table.from_pandas(data, preserve_index=False)
+        elif isinstance(data, pa.Table):
+            arrow = data
+        elif isinstance(data, Mapping):
+            arrow = pa.table({k: _column_values(v) for k, v in data.items()})
+        else:
+            raise RunLogError(
+                f"{table}: expected a pandas DataFrame, pyarrow Table or dict of columns, got {type(data).__name__}"
+            )
+    except (pa.ArrowException, ValueError, TypeError) as err:  # e.g. columns of different lengths
+        raise RunLogError(f"{table}: cannot convert the columns: {err}") from err
     unknown = sorted(set(arrow.column_names) - set(schema.names))
     if unknown:
         raise RunLogError(f"{table}: unknown column(s) {unknown}; the columns are {schema.names[2:]}")
@@ -279,8 +289,9 @@ def _steps_row(metrics: Mapping[str, Any], run: str, step: int, wall_time: float
     row: dict[str, Any] = {"wall_time": wall_time, "step_seconds": step_seconds}
     extra = {}
     for key, value in metrics.items():
-        if hasattr(value, "item"):
-            value = value.item()
+        if hasattr(value, "item"):  # numpy / torch scalars (an array of several values fails below, clearly)
+            with contextlib.suppress(ValueError, RuntimeError):
+                value = value.item()
         if key in known:
             row[key] = value
         elif key not in ("run", "step"):
@@ -556,6 +567,7 @@ class RunWriter:
         """Start a new run (rank 0; error if it exists). Ranks > 0 join the run rank 0 creates (waiting for it)."""
         logs_dir = Path(logs_dir)
         validate_run_name(name, logs_dir)
+        _check_rank(rank)
         run_dir = logs_dir / name
         if rank == 0:
             logs_dir.mkdir(parents=True, exist_ok=True)
@@ -619,6 +631,7 @@ class RunWriter:
         """
         logs_dir = Path(logs_dir)
         validate_run_name(name, logs_dir)
+        _check_rank(rank)
         run_dir = logs_dir / name
         meta = _read_run_json(run_dir)
         lock = _WriterLock(run_dir / f"writer-rank{rank}.lock", name, rank)

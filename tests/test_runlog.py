@@ -112,6 +112,8 @@ def test_unknown_column_and_bad_type_are_clear_errors(tmp_path):
         w.log_step(0, tokens={"rollout_id": [0], "logp": [0.1]})
     with pytest.raises(RunLogError, match=r"tokens\.position"):
         w.log_step(0, tokens={"rollout_id": [0], "position": ["first"]})
+    with pytest.raises(RunLogError, match="tokens: cannot convert the columns"):
+        w.log_step(0, tokens={"rollout_id": [0, 1], "position": [0]})
     w.log_step(0, metrics={"loss": 1.0})
     with pytest.raises(RunLogError, match="not after the last logged step 0"):
         w.log_step(0)
