@@ -67,6 +67,20 @@ def time_pages(logs_dir: Path, repeat: int) -> list[dict]:
             warm.append(time.perf_counter() - started)
             assert not at.exception, [e.message for e in at.exception]
         rows.append({"page": page, "cold_s": statistics.median(cold), "warm_s": statistics.median(warm)})
+    # The heaviest view: every completion of the step through the six objectives at once.
+    at.switch_page("app_pages/algorithm_weighting.py").run()
+    at.radio(key="weigh_scope").set_value("the whole step")
+    cold, warm = [], []
+    for _ in range(repeat):
+        st.cache_data.clear()
+        started = time.perf_counter()
+        at.run()
+        cold.append(time.perf_counter() - started)
+        started = time.perf_counter()
+        at.run()
+        warm.append(time.perf_counter() - started)
+        assert not at.exception, [e.message for e in at.exception]
+    rows.append({"page": "weighting, whole step", "cold_s": statistics.median(cold), "warm_s": statistics.median(warm)})
     return rows
 
 

@@ -174,20 +174,24 @@ def token_channel_heatmap(tokens: pd.DataFrame, channel_names: list[str]) -> go.
 
 def prm_advantage_line(tokens: pd.DataFrame, prm_steps: pd.DataFrame) -> go.Figure:
     """Per-token advantage of one completion as a line, its reasoning steps shaded, normalized step rewards noted."""
-    fig = go.Figure()
+    shapes, notes = [], []
     for i, step in enumerate(prm_steps.sort_values("step_index").itertuples(index=False)):
-        fig.add_vrect(x0=step.first_pos - 0.5, x1=step.last_pos + 0.5, line_width=0,
-                      fillcolor="#1f77b4" if i % 2 == 0 else "#ff7f0e", opacity=0.10,
-                      annotation_text=f"step {step.step_index}: r={step.reward_raw:.3g} → {step.reward_norm:+.3g}",
-                      annotation_position="top left", annotation_font_size=10)
+        shapes.append({"type": "rect", "xref": "x", "yref": "paper", "x0": step.first_pos - 0.5,
+                       "x1": step.last_pos + 0.5, "y0": 0, "y1": 1, "line": {"width": 0}, "opacity": 0.10,
+                       "fillcolor": "#1f77b4" if i % 2 == 0 else "#ff7f0e", "layer": "below"})
+        notes.append({"x": step.first_pos - 0.5, "y": 1, "xref": "x", "yref": "paper", "xanchor": "left",
+                      "yanchor": "bottom", "showarrow": False, "font": {"size": 10},
+                      "text": f"step {step.step_index}: r={step.reward_raw:.3g} → {step.reward_norm:+.3g}"})
+    shapes.append({"type": "line", "xref": "paper", "yref": "y", "x0": 0, "x1": 1, "y0": 0, "y1": 0,
+                   "line": {"color": "#888", "width": 1}})
     hover = [visible_text(str(t)).replace("<br>", "") for t in tokens["token_text"]]
-    fig.add_trace(go.Scatter(x=tokens["position"], y=tokens["advantage"], mode="lines+markers", line_shape="hv",
-                             name="advantage", customdata=hover, marker={"size": 4},
-                             hovertemplate="#%{x} %{customdata}<br>advantage %{y:.4g}<extra></extra>"))
-    fig.add_hline(y=0, line_color="#888", line_width=1)
-    fig.update_layout(height=300, margin={"l": 40, "r": 10, "t": 30, "b": 30},
-                      xaxis_title="token position", yaxis_title="advantage")
-    return fig
+    line = {"type": "scatter", "x": tokens["position"].to_numpy(), "y": tokens["advantage"].to_numpy(dtype=float),
+            "mode": "lines+markers", "line": {"shape": "hv"}, "name": "advantage", "customdata": hover,
+            "marker": {"size": 4}, "hovertemplate": "#%{x} %{customdata}<br>advantage %{y:.4g}<extra></extra>"}
+    return go.Figure(data=[line], layout={
+        "height": 300, "margin": {"l": 40, "r": 10, "t": 30, "b": 30}, "shapes": shapes, "annotations": notes,
+        "xaxis": {"title": {"text": "token position"}}, "yaxis": {"title": {"text": "advantage"}},
+    }, _validate=False)
 
 
 def group_step_rewards(prm_steps: pd.DataFrame) -> go.Figure:
@@ -206,15 +210,19 @@ def group_step_rewards(prm_steps: pd.DataFrame) -> go.Figure:
 
 def sandbox_advantages(advantages: np.ndarray, labels: list[str], lengths: list[int]) -> go.Figure:
     """Per-token advantages computed by the sandbox, one line per completion."""
-    fig = go.Figure()
-    for i, label in enumerate(labels):
-        n = lengths[i]
-        fig.add_trace(go.Scatter(x=list(range(n)), y=advantages[i, :n], mode="lines+markers", line_shape="hv",
-                                 name=label, marker={"size": 5}))
-    fig.add_hline(y=0, line_color="#888", line_width=1)
-    fig.update_layout(height=280, margin={"l": 40, "r": 10, "t": 20, "b": 30},
-                      xaxis_title="token position", yaxis_title="advantage")
-    return fig
+    lines = [{"type": "scatter", "x": np.arange(lengths[i]), "y": advantages[i, : lengths[i]], "name": label,
+              "mode": "lines+markers", "line": {"shape": "hv"}, "marker": {"size": 5}}
+             for i, label in enumerate(labels)]
+    return go.Figure(data=lines, layout={
+        "height": 280, "margin": {"l": 40, "r": 10, "t": 20, "b": 30},
+        "xaxis": {"title": {"text": "token position"}}, "yaxis": {"title": {"text": "advantage"}},
+        "shapes": [_zero_line()],
+    }, _validate=False)
+
+
+def _zero_line() -> dict:
+    return {"type": "line", "xref": "paper", "yref": "y", "x0": 0, "x1": 1, "y0": 0, "y1": 0,
+            "line": {"color": "#888", "width": 1}}
 
 
 def weight_heatmaps(weights: dict[str, np.ndarray], row_labels: list[str]) -> go.Figure:
@@ -228,10 +236,9 @@ def weight_heatmaps(weights: dict[str, np.ndarray], row_labels: list[str]) -> go
     height = rows * (row_height + 70) + 40
     grid = Subplots(rows, cols, names, hspace=0.02, vspace=70 / height)
     for i, name in enumerate(names):
-        # NaN (padding) becomes None so that the JSON stays valid and the cell is left blank.
-        z = np.where(np.isfinite(weights[name]), weights[name], np.nan)
+        # NaN (padding) travels as NaN in plotly's binary arrays and leaves the cell blank.
         grid.add(i, {
-            "type": "heatmap", "z": [[None if v != v else float(v) for v in row] for row in z], "y": row_labels,
+            "type": "heatmap", "z": np.asarray(weights[name], dtype=float), "y": row_labels,
             "colorscale": "RdBu", "zmid": 0, "zmin": -spread, "zmax": spread, "showscale": i == 0,
             "colorbar": {"title": {"text": "grad weight", "side": "right"}, "len": 0.8},
             "hovertemplate": name + "<br>%{y} token %{x}<br>weight %{z:.3g}<extra></extra>",
@@ -244,29 +251,31 @@ def weight_heatmaps(weights: dict[str, np.ndarray], row_labels: list[str]) -> go
 
 def total_weight_vs_length(totals: pd.DataFrame) -> go.Figure:
     """Per-completion summed gradient weight against its length, one series per algorithm (length bias)."""
-    fig = go.Figure()
+    traces = []
     for i, (algo, frame) in enumerate(totals.groupby("algorithm", sort=False)):
         frame = frame.sort_values("length")
-        fig.add_trace(go.Scatter(x=frame["length"], y=frame["total_weight"], mode="markers+lines", name=algo,
-                                 marker={"size": 7, "color": PALETTE[i % len(PALETTE)]},
-                                 customdata=frame[["completion", "advantage"]],
-                                 hovertemplate=algo + "<br>%{customdata[0]} (A=%{customdata[1]:.3g})<br>length %{x}"
-                                 "<br>total weight %{y:.4g}<extra></extra>"))
-    fig.add_hline(y=0, line_color="#888", line_width=1)
-    fig.update_layout(height=330, margin={"l": 40, "r": 10, "t": 20, "b": 30},
-                      xaxis_title="completion length (tokens)", yaxis_title="sum of gradient weights")
-    return fig
+        traces.append({"type": "scatter", "x": frame["length"].to_numpy(), "y": frame["total_weight"].to_numpy(),
+                       "mode": "markers+lines", "name": algo, "marker": {"size": 7, "color": PALETTE[i % len(PALETTE)]},
+                       "line": {"color": PALETTE[i % len(PALETTE)]},
+                       "customdata": frame[["completion", "advantage"]].to_numpy(),
+                       "hovertemplate": algo + "<br>%{customdata[0]} (A=%{customdata[1]:.3g})<br>length %{x}"
+                       "<br>total weight %{y:.4g}<extra></extra>"})
+    return go.Figure(data=traces, layout={
+        "height": 330, "margin": {"l": 40, "r": 10, "t": 20, "b": 30}, "shapes": [_zero_line()],
+        "xaxis": {"title": {"text": "completion length (tokens)"}},
+        "yaxis": {"title": {"text": "sum of gradient weights"}},
+    }, _validate=False)
 
 
 def clip_fractions(fractions: pd.DataFrame) -> go.Figure:
     """Fraction of tokens each algorithm clips low / high / with its dual cap."""
-    fig = go.Figure()
-    for code, column in ((1, "low"), (2, "high"), (3, "dual / cap")):
-        fig.add_trace(go.Bar(x=fractions["algorithm"], y=fractions[column], name=f"clip {column}",
-                             marker_color=CLIP_COLOURS[code]))
-    fig.update_layout(height=280, barmode="group", margin={"l": 40, "r": 10, "t": 20, "b": 30},
-                      yaxis_title="fraction of tokens", yaxis_tickformat=".0%")
-    return fig
+    bars = [{"type": "bar", "x": fractions["algorithm"].tolist(), "y": fractions[column].to_numpy(dtype=float),
+             "name": f"clip {column}", "marker": {"color": CLIP_COLOURS[code]}}
+            for code, column in ((1, "low"), (2, "high"), (3, "dual / cap"))]
+    return go.Figure(data=bars, layout={
+        "height": 280, "barmode": "group", "margin": {"l": 40, "r": 10, "t": 20, "b": 30},
+        "yaxis": {"title": {"text": "fraction of tokens"}, "tickformat": ".0%"},
+    }, _validate=False)
 
 
 def clip_regions(regions: dict[str, dict], scatter: dict[str, pd.DataFrame]) -> go.Figure:

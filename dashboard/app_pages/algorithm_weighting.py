@@ -15,6 +15,7 @@ import streamlit as st
 from dashboard import charts, common, queries, recompute
 
 MAX_SCATTER_POINTS = 4000
+MAX_HEATMAP_ROWS = 48
 
 selection = common.require_selection()
 logs, run, step = selection.logs_dir, selection.run, selection.step
@@ -58,10 +59,6 @@ if updates:
     common.set_url_value("update", update)
 else:
     c3.caption("No optimisation pass logged: ratios are 1.")
-tokens = common.load("the tokens", queries.tokens_at_update, logs, run, step, rollout_ids, update)
-if tokens.empty:
-    st.info("No tokens logged for these rollouts.")
-    st.stop()
 
 # ---------------------------------------------------------------- knobs
 st.markdown("**Knobs** (edit a cell: every chart below is recomputed at once; start from the authors' defaults)")
@@ -73,8 +70,14 @@ knob_table = st.data_editor(
 
 
 @st.cache_data(ttl=queries.STEP_TTL, show_spinner="Asking each objective…", max_entries=32)
-def weigh_all(tokens: pd.DataFrame, knobs: tuple) -> tuple[dict, dict]:
-    """algorithm -> Weighting, and algorithm -> error message for knobs the objective refuses."""
+def weigh_all(logs: str, run: str, step: int, rollout_ids: tuple, update: int, knobs: tuple):
+    """(rollout ids, advantages (B, T), algorithm -> Weighting, algorithm -> refusal message), or None without tokens.
+
+    Keyed by what identifies the tokens rather than by the tokens themselves: hashing a step's worth of token rows
+    on every rerun would cost more than the objectives do."""
+    tokens = queries.tokens_at_update(logs, run, step, rollout_ids, update)
+    if tokens.empty:
+        return None
     batch = recompute.batch_from_tokens(tokens)
     results, errors = {}, {}
     for algo, overrides in knobs:
@@ -82,7 +85,7 @@ def weigh_all(tokens: pd.DataFrame, knobs: tuple) -> tuple[dict, dict]:
             results[algo] = recompute.weigh(batch, algo, dict(overrides))
         except ValueError as error:
             errors[algo] = str(error)
-    return results, errors
+    return batch.rollout_ids, batch.advantages.numpy(), results, errors
 
 
 @st.cache_data(ttl=queries.STEP_TTL, show_spinner=False, max_entries=32)
@@ -98,21 +101,27 @@ knobs = tuple(
     (row["algorithm"], tuple((k, float(row[k])) for k in recompute.KNOBS if pd.notna(row[k])))
     for _, row in knob_table.iterrows()
 )
-results, errors = weigh_all(tokens, knobs)
+weighed = common.load("the objectives", weigh_all, logs, run, step, rollout_ids, update, knobs)
+if weighed is None:
+    st.info("No tokens logged for these rollouts.")
+    st.stop()
+batch_ids, advantage, results, errors = weighed
 for algo, message in errors.items():
     st.error(f"{algo}: {message}")
 if not results:
     st.stop()
 
-batch_ids = sorted(int(r) for r in tokens["rollout_id"].unique())
 info = chosen.set_index("rollout_id").loc[batch_ids]
 labels = [f"r{rid} g{g}#{i} A={a:+.2f}" for rid, g, i, a in
           zip(batch_ids, info["group_id"], info["index_in_group"], info["advantage"], strict=True)]
 
 # ---------------------------------------------------------------- charts
 st.subheader("Gradient weight per token")
-st.plotly_chart(charts.weight_heatmaps({a: w.grad_weight for a, w in results.items()}, labels),
-                key="weight_heatmaps")
+shown_rows = slice(0, MAX_HEATMAP_ROWS)  # more rows than this are unreadable and slow to ship to the browser
+if len(labels) > MAX_HEATMAP_ROWS:
+    st.caption(f"The first {MAX_HEATMAP_ROWS} of {len(labels)} completions; totals and clip fractions use all.")
+st.plotly_chart(charts.weight_heatmaps({a: w.grad_weight[shown_rows] for a, w in results.items()},
+                                       labels[shown_rows]), key="weight_heatmaps")
 
 left, right = st.columns(2)
 lengths = info["length"].to_numpy()
@@ -131,7 +140,6 @@ right.dataframe(fractions, hide_index=True, key="clip_table",
 
 st.subheader("Where each algorithm clips: ratio × advantage")
 ratios = {a: w.ratio[np.isfinite(w.ratio)] for a, w in results.items()}
-advantage = recompute.batch_from_tokens(tokens).advantages.numpy()
 on = np.isfinite(next(iter(results.values())).ratio)
 adv_points = advantage[on]
 # Up to 3.5 at least, so ASPO's dual cap at r = 3 is on the chart.
