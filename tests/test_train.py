@@ -10,6 +10,7 @@ import json
 import numpy as np
 import pytest
 import torch
+from conftest import TINY
 
 from engine.objectives import ALGORITHMS, defaults
 from engine.runlog import RunReader
@@ -242,3 +243,43 @@ def test_dynamic_sampling_logs_dropped_groups(tmp_path, run_tiny):
     assert (steps.groups_filtered.to_numpy() == dropped.groupby("step").group_id.nunique()
             .reindex(steps.step, fill_value=0).to_numpy()).all()
     assert (steps.gen_batches >= 1).all()
+
+
+# ----------------------------------------------------------------------------- Ctrl-C
+
+
+def test_ctrl_c_stops_after_the_step_and_the_run_resumes(tmp_path, warm_cache, run_tiny):
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    from engine.runlog import list_runs
+
+    cmd = [sys.executable, "-m", "engine.cli", "train", "--logs-dir", str(tmp_path), "--run-name", "sig",
+           "--cache-dir", str(warm_cache), "--no-progress", "--steps", "200", "--checkpoint-every", "0"]
+    for key, value in TINY.items():
+        if key != "checkpoint_every":
+            cmd += ["--" + key.replace("_", "-"), str(value)]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:
+            runs = [r for r in list_runs(tmp_path) if r["run"] == "sig"]
+            if runs and (runs[0]["last_step"] or 0) >= 1:
+                break
+            assert proc.poll() is None, proc.communicate()
+            time.sleep(0.2)
+        proc.send_signal(signal.SIGINT)
+        out, err = proc.communicate(timeout=120)
+    finally:
+        proc.kill()
+    assert proc.returncode == 0, err
+    assert "stopped" in out
+    run = next(r for r in list_runs(tmp_path) if r["run"] == "sig")
+    assert run["status"] == "stopped" and 1 <= run["last_step"] < 200
+    # a checkpoint was written on the way out, so the run continues with the next step number
+    last = run["last_step"]
+    assert run_tiny(tmp_path, "sig", resume=True, steps=last + 1) == "finished"
+    steps = read(tmp_path, "sig", "SELECT step FROM steps WHERE run = RUN ORDER BY step").step.tolist()
+    assert steps[-2:] == [last, last + 1] and len(steps) == len(set(steps))
