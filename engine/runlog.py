@@ -19,15 +19,17 @@ On-disk layout (``SCHEMA_VERSION`` 1)::
 
 How the behaviour the issue asks for is obtained:
 
-1. A step is visible all at once: its files are written into ``data/.tmp-...`` and the directory is renamed to
-   ``step-<S>.rank<R>.s<W>`` in one ``os.rename``. Readers list directories themselves (not a DuckDB glob), so they only
-   ever see whole steps. Killing the writer (SIGKILL included) leaves at most a ``.tmp-`` folder behind.
-   Encoding happens on one writer thread, at most one step behind the caller (the next ``log_step`` waits for
-   it), so a kill loses at most the step being written; ``flush()``/``close()`` wait for it.
+1. A step is visible all at once: its files are written into ``.tmp-...`` and the folder is renamed to
+   ``step-<S>.rank<R>.s<W>`` in one ``os.rename``. Readers list folders themselves (not a DuckDB glob) and give
+   DuckDB explicit file lists, so they only ever see whole steps. Killing the writer (SIGKILL included) leaves at
+   most a ``.tmp-`` folder behind. Encoding happens on one writer thread at most one step behind the caller (the
+   next ``log_step`` waits for it), so a kill loses at most the step being written; ``flush()``/``close()`` wait.
 2. Many steps stay fast to query: after ``compact_every`` step folders the writer merges them into one chunk
-   folder (files sorted by step, rollout, position, so row-group statistics prune a one-rollout query), renames it
-   into place, then deletes the step folders. A reader that lists both prefers the chunk; a reader whose view still
-   names a deleted file refreshes and retries once (`RunReader.sql`).
+   (files sorted by step, rollout, position, so row-group statistics prune a one-rollout query), and every
+   ``_MERGE_FAN_IN`` chunks of one size into a bigger one: the file count grows with the log of the step count.
+   A reader that lists a chunk and the folders it replaced uses the chunk. The replaced folders are deleted
+   ``_DELETE_GRACE_SECONDS`` later (readdir is no snapshot; see there); a reader whose view still names a
+   deleted file refreshes and retries the query (`RunReader.sql`).
 3. Several processes (torchrun ranks) write disjoint folders (``.rank<R>``); only rank 0 writes ``run.json``.
 4. Crash detection: the writer holds an exclusive ``flock`` on ``writer-rank<R>.lock`` for its lifetime; the kernel
    releases it when the process dies. A run whose ``run.json`` says ``running`` while nobody holds the rank-0 lock
@@ -65,6 +67,7 @@ Logging from any training loop (the engine does the same in ``engine/train.py``)
 
 Timestamps (``created_at``, ``updated_at``) are UTC. ``wall_time`` is seconds since the run was created.
 Durability is against process death, not power loss (no fsync), which keeps logging cheap.
+With several ranks, make ``rollout_id`` unique across ranks and let rank 0 log the metrics.
 """
 
 from __future__ import annotations
@@ -936,7 +939,8 @@ class RunReader:
     """Read-only SQL over runs: an in-memory DuckDB connection with the views runs, steps, rollouts, tokens,
     token_passes and prm_steps over the Parquet files of all runs (or only of `runs`).
 
-    Never takes a lock a writer could wait on. The views are a snapshot of the files at the last `refresh()`;
+    Never blocks a writer (it only probes a writer's lock for a few microseconds to tell a crashed run from a
+    running one). The views are a snapshot of the files at the last `refresh()`;
     `sql()` refreshes first (cheap when nothing changed), so it always sees every finished step.
     Files or runs that cannot be read are left out and described in `problems`.
     Thread-safe: calls are serialised by a lock.
