@@ -197,6 +197,10 @@ def test_replay_follows_an_eval_prompt_across_steps(trained, monkeypatch):
                             [run, int(steps[0])])
         drawn = array(spec["data"][0]["x"]).tolist() if spec["data"] else []  # a step may have no train rollouts
         assert sorted(drawn) == sorted(train["reward"].tolist())
+        # Play: each tick of the replay fragment moves one step on (AppTest runs the fragment once per run).
+        at.toggle(key="replay_playing").set_value(True).run()
+        assert not at.exception
+        assert at.session_state["replay_step"] == int(steps[1])
 
 
 def test_prm_page_shows_logged_step_rewards_and_the_seed_sandbox(trained_prm, monkeypatch):

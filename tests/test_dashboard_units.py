@@ -1,0 +1,79 @@
+"""Small, fast checks of the dashboard's pure parts: token HTML escaping, colour scales, charts, the CLI command."""
+
+from __future__ import annotations
+
+import html
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from dashboard import charts
+from dashboard.tokens import CHANNELS, channel_range, token_heatmap_html, visible_text
+from engine.cli import build_parser, dashboard_command
+
+HOSTILE = "<img src=x onerror=alert(1)>"
+
+
+@pytest.mark.parametrize(
+    ("token", "shown"),
+    [
+        ("x", "x"),
+        (" =", "·="),  # a leading space is part of the token and must be seen
+        ("\n", "↵<br>"),  # a newline is shown and still breaks the line
+        ("\t1", "→1"),
+        ('"&', "&quot;&amp;"),
+        (HOSTILE, "&lt;img·src=x·onerror=alert(1)&gt;"),
+    ],
+)
+def test_visible_text_escapes_and_shows_whitespace(token, shown):
+    assert visible_text(token) == shown
+
+
+def test_token_html_never_contains_a_token_as_markup():
+    tokens = pd.DataFrame({"position": [0, 1, 2], "token_text": ["a", HOSTILE, '" onmouseover="x'],
+                           "advantage": [0.5, -0.5, 0.0], "clip": [0, 1, 2]})
+    body = token_heatmap_html(tokens, "advantage")
+    assert "<img" not in body and 'onmouseover="x' not in body
+    assert html.escape(HOSTILE, quote=True).replace(" ", "·") in body
+    # Low and high clip events are marked differently (and machine-readably).
+    assert 'data-clip="1"' in body and 'data-clip="2"' in body
+    assert "border-bottom:3px" in body and "border-top:3px" in body
+
+
+@pytest.mark.parametrize(
+    ("channel", "values", "expected"),
+    [
+        ("advantage", [-0.5, 2.0], (-2.0, 2.0)),  # diverging around 0, symmetric
+        ("ratio", [0.9, 1.3], (0.7, 1.3)),  # diverging around 1
+        ("new_logp", [-3.0, -0.1], (-3.0, -0.1)),  # sequential: min to max
+        ("kl", [np.nan, np.nan], (-1.0, 1.0)),  # nothing logged: a harmless default
+    ],
+)
+def test_channel_range_is_centred_where_the_quantity_is_neutral(channel, values, expected):
+    low, high = channel_range(pd.Series(values), CHANNELS[channel])
+    assert (low, high) == pytest.approx(expected)
+
+
+def test_metric_curves_draw_each_run_and_skip_missing_values():
+    steps = pd.DataFrame({"run": ["a", "a", "b"], "step": [0, 1, 0], "reward_mean": [0.1, np.nan, 0.3],
+                          "kl": [np.nan] * 3})
+    figure = charts.metric_curves(steps, [("reward_mean", "reward"), ("kl", "KL")])
+    assert [t.name for t in figure.data] == ["a", "b"]  # the all-missing KL panel is left out
+    assert list(figure.data[0].y) == [0.1]
+    figure = charts.metric_curves(steps, [("reward_mean", "reward")], upto_step=0, x_range=(0, 1))
+    assert list(figure.data[0].x) == [0]
+
+
+def test_dashboard_command_serves_on_loopback_with_an_absolute_logs_dir(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    args = build_parser().parse_args(["dashboard", "--logs-dir", "some/logs"])
+    assert args.host == "127.0.0.1" and args.port == 8501
+    command = dashboard_command(args.logs_dir, args.host, args.port)
+    assert command[1:4] == ["-m", "streamlit", "run"]
+    assert Path(command[4]).name == "streamlit_app.py" and Path(command[4]).is_file()
+    assert command[command.index("--server.address") + 1] == "127.0.0.1"
+    assert command[command.index("--server.headless") + 1] == "true"
+    assert command[command.index("--browser.gatherUsageStats") + 1] == "false"
+    assert command[-3:] == ["--", "--logs-dir", str(tmp_path / "some" / "logs")]
