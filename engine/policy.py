@@ -35,7 +35,7 @@ import random
 import shutil
 import tempfile
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -75,8 +75,9 @@ class ModelConfig:
 class SFTConfig:
     """Supervised warm start on the task's worked solutions (deliberately imperfect, see `corrupt_frac`)."""
 
-    steps: int = 300
-    """Optimizer steps. Few on purpose: the policy must leave room for RL (held-out accuracy ~20-60%)."""
+    steps: int | None = None
+    """Optimizer steps; None takes the task's `sft_steps` (tuned per task so that held-out greedy accuracy after
+    the warm start is about 20-60%). Few on purpose: the policy must leave room for RL."""
     batch_size: int = 32
     """Problems per step, drawn with replacement from the training split."""
     lr: float = 3e-3
@@ -90,6 +91,12 @@ class SFTConfig:
     also learns some wrong steps and answers (like the seed's flawed example `2x=4 -> x=1`)."""
     num_threads: int = 2
     """torch CPU threads during the warm start (the target machine has 2 cores); 0 leaves torch's setting."""
+
+
+def resolve_sft(sft: SFTConfig | None, task: Task) -> SFTConfig:
+    """`sft` (default SFTConfig()) with `steps` filled in from `task.sft_steps` when it is None."""
+    sft = sft or SFTConfig()
+    return sft if sft.steps is not None else replace(sft, steps=task.sft_steps)
 
 
 # ---------------------------------------------------------------- tokenizer and model
@@ -201,7 +208,7 @@ def warm_start(task: Task, tokenizer, model, sft: SFTConfig | None = None, seed:
     Deterministic for a given (task, seed, sft, device). Sets torch CPU threads to `sft.num_threads` for the
     duration (restored afterwards).
     """
-    sft = sft or SFTConfig()
+    sft = resolve_sft(sft, task)
     old_threads = torch.get_num_threads()
     if sft.num_threads > 0:
         torch.set_num_threads(sft.num_threads)
@@ -320,7 +327,7 @@ def load_policy(task: Task, *, model_dir: str | os.PathLike | None = None,
         return model, tokenizer, desc
 
     model_config = model_config or ModelConfig()
-    sft = sft or SFTConfig()
+    sft = resolve_sft(sft, task)
     key = warm_start_key(task, model_config, sft, seed, device.type)
     size = f"{model_config.hidden_size}d x {model_config.num_layers} layers"
     if cache_dir is not None:
@@ -434,7 +441,7 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description="Warm-start the tiny policy and report held-out greedy accuracy.")
     ap.add_argument("--task", default=TASKS[0], choices=TASKS)
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--steps", type=int, default=SFTConfig.steps)
+    ap.add_argument("--steps", type=int, default=None, help="SFT steps (default: the task's sft_steps)")
     ap.add_argument("--corrupt-frac", type=float, default=SFTConfig.corrupt_frac)
     ap.add_argument("--lr", type=float, default=SFTConfig.lr)
     ap.add_argument("--threads", type=int, default=SFTConfig.num_threads)

@@ -185,9 +185,10 @@ def test_scores_are_in_range(linear, chain):
 
 
 def test_chain_reference_order():
-    assert solve_chain([3, 4, 2, 5], ["+", "*", "-"]) == ["3+8-5", "11-5", "6"]
-    assert solve_chain([3, 8, 4], ["-", "+"]) == ["-5+4", "-1"]
-    assert solve_chain([2, 3, 4], ["*", "*"]) == ["6*4", "24"]
+    # The last two signed terms are combined on every line.
+    assert solve_chain([6, 4, 8, 3], ["-", "+", "-"]) == ["6-4+5", "6+1", "7"]
+    assert solve_chain([3, 8, 4], ["-", "-"]) == ["3-12", "-9"]
+    assert solve_chain([7, 4, 4], ["+", "-"]) == ["7+0", "7"]
     assert solve_chain([7, 2], ["-"]) == ["5"]
 
 
@@ -198,29 +199,31 @@ def test_chain_reference_solutions_verify(chain):
         assert [s.score for s in chain.process_reward(p, text)] == [P] * len(p.solution)
         # Independent oracle for the answer: Python's own arithmetic on the generated digits-and-operators prompt.
         assert int(p.answer) == eval(p.prompt.strip(), {"__builtins__": {}})
-        assert all(abs(int(t)) <= 99 for line in p.solution for t in line.lstrip("-").replace("*", "+")
-                   .replace("-", "+").split("+"))
+        assert all(abs(int(t)) <= 99 for line in p.solution for t in line.lstrip("-").replace("-", "+").split("+"))
 
 
 def test_chain_verifiers(chain):
-    p = Problem(0, "3+4*2-5\n", "6", ("3+8-5", "11-5", "6"))
-    assert chain.outcome_reward(p, "3+8-5\n11-5\n6") == 1.0
-    assert scores(chain, p, "3+8-5\n11-5\n6") == [P, P, P]
-    assert scores(chain, p, "11-5\n6") == [P, P]  # two operations in one line is allowed
-    assert scores(chain, p, "3+8-5\n3+8-5\n6") == [P, N, P]
-    assert chain.outcome_reward(p, "3+8-5\n12-5\n6") == 1.0
-    assert scores(chain, p, "3+8-5\n12-5\n6") == [P, W, P]  # wrong step, right answer
-    assert chain.outcome_reward(p, "3+8-5\n11-5\n7") == 0.0
-    assert scores(chain, p, "3+8-5\n11-5\n7") == [P, P, W]
-    assert chain.outcome_reward(p, "3+8-5\n11-5") == 0.0  # missing answer
-    for bad in ("", "x=6", "6=6", "abc", "6/0", "9" * 100, "3+8-5\n11-5\n6.0"):
+    p = Problem(0, "6-4+8-3\n", "7", ("6-4+5", "6+1", "7"))
+    assert chain.outcome_reward(p, "6-4+5\n6+1\n7") == 1.0
+    assert scores(chain, p, "6-4+5\n6+1\n7") == [P, P, P]
+    assert scores(chain, p, "2+8-3\n10-3\n7") == [P, P, P]  # left to right is just as good
+    assert scores(chain, p, "6+1\n7") == [P, P]  # two operations in one line is allowed
+    assert scores(chain, p, "6-4+5\n6-4+5\n7") == [P, N, P]
+    assert scores(chain, p, "6-4+8-3\n7") == [N, P]  # repeating the prompt
+    assert chain.outcome_reward(p, "6-4+5\n6+2\n7") == 1.0
+    assert scores(chain, p, "6-4+5\n6+2\n7") == [P, W, P]  # wrong step, right answer
+    assert chain.outcome_reward(p, "6-4+5\n6+1\n8") == 0.0
+    assert scores(chain, p, "6-4+5\n6+1\n8") == [P, P, W]
+    assert chain.outcome_reward(p, "6-4+5\n6+1") == 0.0  # missing answer
+    assert scores(chain, p, "6-4+5*1\n7") == [N, P]  # `*` parses too, but 3 operations are no progress
+    for bad in ("", "x=7", "7=7", "abc", "7/0", "9" * 100, "6-4+5\n6+1\n7.0", "6+1\n+7"):
         assert chain.outcome_reward(p, bad) == 0.0
-    assert scores(chain, p, "x=6\n6=6\n6/0\n" + "9" * 100) == [W, W, W, W]
+    assert scores(chain, p, "x=7\n7=7\n7/0\n" + "9" * 100 + "\n+7") == [W, W, W, W, W]
 
 
 def test_chain_lengths_vary(chain):
     lengths = [len(chain.solution_text(p)) for p in chain.heldout]
-    assert min(lengths) <= 2 and max(lengths) >= 60
+    assert min(lengths) <= 2 and max(lengths) >= 50
     n_steps = {len(p.solution) for p in chain.heldout}
     assert n_steps == set(range(1, 9))
     assert chain.max_new_tokens > max(len(chain.solution_text(p)) for p in chain.train + chain.heldout)
