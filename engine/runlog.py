@@ -375,7 +375,7 @@ class _WriterLock:
 class _Segment:
     """One step folder or one chunk folder of one rank."""
 
-    path: Path
+    path: str
     rank: int
     first: int
     last: int
@@ -404,9 +404,9 @@ def _scan_segments(data_dir: Path, problems: list[str] | None = None) -> list[_S
         if entry.name.startswith("."):
             continue
         if m := _STEP_DIR_RE.match(entry.name):
-            steps.append((int(m[3], 16), _Segment(Path(entry.path), int(m[2]), int(m[1]), int(m[1]), -1)))
+            steps.append((int(m[3], 16), _Segment(entry.path, int(m[2]), int(m[1]), int(m[1]), -1)))
         elif m := _CHUNK_DIR_RE.match(entry.name):
-            chunks.append(_Segment(Path(entry.path), int(m[4]), int(m[1]), int(m[2]), int(m[3])))
+            chunks.append(_Segment(entry.path, int(m[4]), int(m[1]), int(m[2]), int(m[3])))
         elif problems is not None:
             problems.append(f"{entry.path}: foreign entry in a run's data folder (ignored)")
     # Newest chunk first; an older chunk overlapping an accepted one was superseded (merge or truncation).
@@ -796,7 +796,7 @@ class RunWriter:
         steps = [s for s in segments if not s.is_chunk]
         if len(steps) >= self.compact_every:
             _merge(self.data_dir, steps, self.rank, _next_seq(self.data_dir))
-            self._superseded.append((time.monotonic(), [s.path for s in steps]))
+            self._superseded.append((time.monotonic(), [Path(s.path) for s in steps]))
         while True:
             chunks = [s for s in _scan_segments(self.data_dir) if s.rank == self.rank and s.is_chunk]
             by_level: dict[int, list[_Segment]] = {}
@@ -809,7 +809,7 @@ class RunWriter:
             if not full:
                 return
             _merge(self.data_dir, full[0], self.rank, _next_seq(self.data_dir))
-            self._superseded.append((time.monotonic(), [c.path for c in full[0]]))
+            self._superseded.append((time.monotonic(), [Path(c.path) for c in full[0]]))
 
 
 _MERGE_FAN_IN = 8
@@ -849,7 +849,7 @@ def _merge(data_dir: Path, segments: Sequence[_Segment], rank: int, seq: int, ke
     tmp = data_dir / f".tmp-chunk-{first:09d}.rank{rank}-{uuid.uuid4().hex[:8]}"
     tmp.mkdir()
     for table in DATA_TABLES:
-        parts = [s.path / f"{table}.parquet" for s in segments]
+        parts = [Path(s.path) / f"{table}.parquet" for s in segments]
         parts = [p for p in parts if p.exists()]
         if not parts:
             continue
@@ -898,10 +898,10 @@ def _truncate(data_dir: Path, rank: int, keep_up_to: int, name: str) -> None:
     seq = _next_seq(data_dir)
     for s in segments:
         if s.is_chunk and s.first > keep_up_to:
-            _remove_tree(s.path)
+            _remove_tree(Path(s.path))
         elif s.is_chunk and s.last > keep_up_to:
             _merge(data_dir, [s], rank, seq, keep_up_to=keep_up_to)
-            _remove_tree(s.path)  # at resume, before logging goes on: a reader's listing may be off briefly
+            _remove_tree(Path(s.path))  # at resume, before logging goes on: a reader's listing may be off briefly
             seq += 1
 
 
@@ -1108,7 +1108,7 @@ class RunReader:
 
         A segment folder never changes once renamed into place, so its listing and file checks are done once
         (a file damaged later is caught when a query fails on it, see `_handle_file_error`)."""
-        key = str(seg.path)
+        key = seg.path
         cached = self._segments.get(key)
         if cached is None:
             try:
