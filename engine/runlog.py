@@ -1163,24 +1163,32 @@ class RunReader:
     # ---- export
 
     def export(self, path: str | os.PathLike, overwrite: bool = False) -> Path:
-        """Write every table of this reader's runs into one self-contained DuckDB file (real tables, no views)."""
+        """Write every table of this reader's runs into one self-contained DuckDB file (real tables, no views).
+
+        All tables come from one snapshot of the files (a live run's later steps are not half included). The file
+        is built under a temporary name and renamed into place, so an existing file is never left half written.
+        """
         path = Path(path)
         if path.exists() and not overwrite:
             raise RunLogError(f"{path} already exists (left untouched)")
-        tmp = path.with_name(f".tmp-{path.name}-{uuid.uuid4().hex[:8]}")
         with self._lock:
-            self.refresh()
-            try:
-                self._con.execute(f"ATTACH {_sql_str(str(tmp))} AS export_db")
+            for attempt in range(3):
+                self.refresh()
+                tmp = path.with_name(f".tmp-{path.name}-{uuid.uuid4().hex[:8]}")
                 try:
-                    for table in ALL_TABLES:
-                        self._con.execute(f"CREATE TABLE export_db.{table} AS SELECT * FROM {table}")
+                    self._con.execute(f"ATTACH {_sql_str(str(tmp))} AS export_db")
+                    try:
+                        for table in ALL_TABLES:
+                            self._con.execute(f"CREATE TABLE export_db.{table} AS SELECT * FROM {table}")
+                    finally:
+                        self._con.execute("DETACH export_db")
+                    os.replace(tmp, path)
+                    return path
+                except duckdb.Error as err:
+                    if attempt == 2 or not self._handle_file_error(err):  # compaction removed a file: again
+                        raise
                 finally:
-                    self._con.execute("DETACH export_db")
-                os.replace(tmp, path)
-            finally:
-                with contextlib.suppress(FileNotFoundError):
-                    os.remove(tmp)
-                with contextlib.suppress(FileNotFoundError):
-                    os.remove(f"{tmp}.wal")
-        return path
+                    for leftover in (tmp, Path(f"{tmp}.wal")):
+                        with contextlib.suppress(FileNotFoundError):
+                            os.remove(leftover)
+        raise AssertionError("unreachable")
