@@ -641,9 +641,14 @@ class RunWriter:
         try:
             data_dir = data_dir_of(run_dir)
             data_dir.mkdir(parents=True, exist_ok=True)
+            live = {s.path for s in _scan_segments(data_dir)}
             for entry in os.scandir(data_dir):  # leftovers of a killed writer of this rank
                 if entry.name.startswith((".tmp-", ".trash-")) and f".rank{rank}-" in entry.name:
                     shutil.rmtree(entry.path, ignore_errors=True)
+                elif (m := _STEP_DIR_RE.match(entry.name) or _CHUNK_DIR_RE.match(entry.name)) and (
+                    int(m[2] if m.re is _STEP_DIR_RE else m[4]) == rank and entry.path not in live
+                ):
+                    _remove_tree(Path(entry.path))  # replaced by a chunk before the crash, not yet deleted
             if truncate_after is not None:
                 _truncate(data_dir, rank, truncate_after, name)
             writer = cls(logs_dir, name, rank, meta, lock, compact_every, background)

@@ -346,3 +346,15 @@ def test_numeric_run_name_and_key_value_folder_above_logs(tmp_path):
     df = r.sql("SELECT * FROM tokens WHERE run = ?", ["2026"])
     assert list(df.columns) == TABLE_SCHEMAS["tokens"].names and len(df) == 24
     assert r.sql("SELECT DISTINCT run FROM steps").run.tolist() == ["2026"]
+
+
+def test_resume_deletes_folders_a_chunk_replaced_before_a_crash(tmp_path):
+    w = write_run(tmp_path, "a", 5, close=None, compact_every=2)
+    w.flush()
+    w._lock.release()  # dies before the grace period let it delete the compacted step folders
+    data = data_dir_of(tmp_path / "a")
+    assert len(list(data.glob("step-*"))) > 1  # superseded ones still there
+    assert token_counts(RunReader(tmp_path), "a") == {s: 12 for s in range(5)}  # and not counted twice
+    RunWriter.resume(tmp_path, "a").close()
+    assert sorted(p.name[:14] for p in data.iterdir()) == ["chunk-00000000", "chunk-00000000", "step-000000004"]
+    assert token_counts(RunReader(tmp_path), "a") == {s: 12 for s in range(5)}
