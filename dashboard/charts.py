@@ -12,7 +12,7 @@ import math
 import numpy as np
 import pandas as pd
 import plotly.graph_objects as go
-from plotly.colors import qualitative
+from plotly.colors import get_colorscale, qualitative
 
 from dashboard.tokens import CHANNELS, channel_range, visible_text
 
@@ -42,6 +42,12 @@ def run_colours(runs: list[str]) -> dict[str, str]:
 
 def _grid(n: int, cols: int = 2) -> tuple[int, int]:
     return max(1, math.ceil(n / cols)), min(cols, max(1, n))
+
+
+def _scale(name: str) -> list:
+    """A named colour scale as explicit stops. Figures here skip plotly's validation, which is also what turns a
+    name into stops; plotly.js has its own 'RdBu' running the other way, so names must never reach the browser."""
+    return get_colorscale(name)
 
 
 def _unit(low: float, high: float) -> list[float]:
@@ -162,7 +168,8 @@ def token_channel_heatmap(tokens: pd.DataFrame, channel_names: list[str]) -> go.
         low, high = channel_range(pd.Series(values), channel)
         grid.add(i, {
             "type": "heatmap", "z": [values], "x": list(range(len(values))), "y": [channel.label],
-            "zmin": low, "zmax": high, "colorscale": channel.colorscale, "showscale": False, "customdata": [labels],
+            "zmin": low, "zmax": high, "colorscale": _scale(channel.colorscale), "showscale": False,
+            "customdata": [labels],
             "hovertemplate": "token %{customdata}<br>" + channel.label + " %{z:.4g}<extra></extra>",
         })
         grid.axis(i, "y").update(showticklabels=True, side="right", tickfont={"size": 11})
@@ -239,7 +246,7 @@ def weight_heatmaps(weights: dict[str, np.ndarray], row_labels: list[str]) -> go
         # NaN (padding) travels as NaN in plotly's binary arrays and leaves the cell blank.
         grid.add(i, {
             "type": "heatmap", "z": np.asarray(weights[name], dtype=float), "y": row_labels,
-            "colorscale": "RdBu", "zmid": 0, "zmin": -spread, "zmax": spread, "showscale": i == 0,
+            "colorscale": _scale("RdBu"), "zmid": 0, "zmin": -spread, "zmax": spread, "showscale": i == 0,
             "colorbar": {"title": {"text": "grad weight", "side": "right"}, "len": 0.8},
             "hovertemplate": name + "<br>%{y} token %{x}<br>weight %{z:.3g}<extra></extra>",
         })
@@ -287,7 +294,7 @@ def clip_regions(regions: dict[str, dict], scatter: dict[str, pd.DataFrame]) -> 
     names = list(regions)
     rows, cols = _grid(len(names), cols=3)
     height = 320 * rows
-    grid = Subplots(rows, cols, names, hspace=0.05, vspace=90 / height)
+    grid = Subplots(rows, cols, names, hspace=0.05, vspace=120 / height)
     # A discrete colour scale over the codes 0..3.
     scale = []
     for code in range(4):

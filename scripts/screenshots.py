@@ -113,6 +113,15 @@ def pick_run_and_rollout(logs_dir: str, run: str | None) -> tuple[str, int | Non
     return run, (int(rollout["rollout_id"].iloc[0]) if len(rollout) else None)
 
 
+def process_supervised_run(logs_dir: str, preferred: str) -> str:
+    """`preferred` if it logged PRM steps, else the run with the most of them (the PRM page needs one)."""
+    from engine.runlog import RunReader
+
+    counts = RunReader(logs_dir).sql("SELECT run, count(*) AS n FROM prm_steps GROUP BY run ORDER BY n DESC")
+    runs = list(counts["run"])
+    return preferred if preferred in runs or not runs else str(runs[0])
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--logs-dir", default="logs")
@@ -133,8 +142,14 @@ def main(argv: list[str] | None = None) -> int:
         page = browser.new_page(viewport={"width": args.width, "height": 1100})
         for name, (path, extra) in PAGES.items():
             params = {"run": run, **extra}
-            if rollout is not None and name in ("token_inspector", "prm_steps"):
+            if rollout is not None and name == "token_inspector":
                 params["rollout"] = str(rollout)
+            if name == "prm_steps":
+                prm_run = process_supervised_run(args.logs_dir, run)
+                params["run"] = prm_run
+                prm_rollout = rollout if prm_run == run else pick_run_and_rollout(args.logs_dir, prm_run)[1]
+                if prm_rollout is not None:
+                    params["rollout"] = str(prm_rollout)
             query = "&".join(f"{k}={v}" for k, v in params.items())
             page.goto(f"{url}/{path}?{query}")
             wait_until_rendered(page)

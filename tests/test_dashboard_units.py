@@ -77,3 +77,15 @@ def test_dashboard_command_serves_on_loopback_with_an_absolute_logs_dir(tmp_path
     assert command[command.index("--server.headless") + 1] == "true"
     assert command[command.index("--browser.gatherUsageStats") + 1] == "false"
     assert command[-3:] == ["--", "--logs-dir", str(tmp_path / "some" / "logs")]
+
+
+def test_heatmaps_send_explicit_colour_stops_in_the_direction_of_the_token_view():
+    # plotly.js's own "RdBu" runs blue -> red, the opposite of plotly.py's (used by the token view): a name must
+    # not reach the browser, or a positive advantage would be red in one view and blue in the other.
+    tokens = pd.DataFrame({"position": [0, 1], "token_text": ["a", "b"], "advantage": [-1.0, 1.0]})
+    figure = charts.token_channel_heatmap(tokens, ["advantage"])
+    stops = figure.data[0].colorscale
+    assert not isinstance(stops, str)
+    assert stops[0][1] == "rgb(103,0,31)" and stops[-1][1] == "rgb(5,48,97)"  # red for -, blue for +
+    weights = charts.weight_heatmaps({"grpo": np.array([[0.1, -0.1]])}, ["r0"])
+    assert not isinstance(weights.data[0].colorscale, str)
