@@ -328,19 +328,36 @@ def dashboard_command(logs_dir: str, host: str = "127.0.0.1", port: int = 8501) 
         sys.executable, "-m", "streamlit", "run", str(app),
         "--server.address", host, "--server.port", str(port),
         "--server.headless", "true", "--browser.gatherUsageStats", "false",
+        "--client.toolbarMode", "minimal",  # no "Deploy" button: this is a local tool
         "--", "--logs-dir", str(Path(logs_dir).resolve()),
     ]
 
 
 def run_dashboard(args: argparse.Namespace) -> int:
+    import signal
     import subprocess
 
     command = dashboard_command(args.logs_dir, args.host, args.port)
     print(f"PolicyLens dashboard on http://{args.host}:{args.port} (logs: {command[-1]}); Ctrl+C stops it.")
+    server = subprocess.Popen(command)
+    # A SIGTERM to this process must not orphan the server (it would keep the port): pass it on.
+    previous = signal.signal(signal.SIGTERM, lambda signum, frame: server.terminate())
     try:
-        return subprocess.call(command)
-    except KeyboardInterrupt:  # streamlit got the same Ctrl+C and shuts down by itself
+        return server.wait()
+    except KeyboardInterrupt:  # the server got the same Ctrl+C from the terminal and shuts down by itself
+        try:
+            server.wait(10)
+        except subprocess.TimeoutExpired:
+            server.terminate()
         return 0
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+        if server.poll() is None:
+            server.terminate()
+            try:
+                server.wait(10)
+            except subprocess.TimeoutExpired:
+                server.kill()
 
 
 # ---------------------------------------------------------------- demo

@@ -44,11 +44,12 @@ def render() -> None:
     st.title("PolicyLens")
     st.markdown(
         f"""
-No runs in **`{logs}`** yet. Start one and this page fills in by itself (it checks every few seconds):
+No runs in **`{logs}`** yet. Start the demo (GRPO, GRPO with process rewards, DAPO, GSPO and ASPO learning the
+same equation task) or a run of your own (`policylens train --help`); this page fills in by itself:
 
 ```bash
-policylens demo --logs-dir {logs}            # GRPO, GRPO+PRM, DAPO, GSPO and ASPO on the equation task
-policylens train --help                        # train one run of your own choice
+policylens demo --logs-dir {logs}
+policylens train --logs-dir {logs} --algo dapo --task linear
 ```
 """
     )
@@ -75,4 +76,5 @@ policylens train --help                        # train one run of your own choic
         except Exception as error:
             common.show_error("the demo progress", error)
 
-    progress_panel()
+    if running:  # before the first click there is nothing to report
+        progress_panel()
