@@ -168,6 +168,15 @@ def test_groups_page_matches_the_group_statistics(trained, monkeypatch):
     codes = [c.value for c in at.code]
     first_group = rollouts[rollouts["group_id"] == shown.index[0]]
     assert all(c in codes for c in first_group["completion"])
+    # The text search keeps the groups with a matching prompt or completion.
+    needle = first_group["completion"].iloc[0][:3]
+    at.text_input[0].set_value(needle).run()
+    assert not at.exception
+    found = dataframe(at, "group_id", "reward_mean", "outcome")
+    matching = rollouts[rollouts["prompt"].str.contains(needle, regex=False)
+                        | rollouts["completion"].str.contains(needle, regex=False)]["group_id"].unique()
+    assert sorted(found["group_id"]) == sorted(matching)
+    at.text_input[0].set_value("").run()
     # The outcome filter keeps only what it says.
     at.multiselect[0].set_value(["all wrong"]).run()
     assert not at.exception
@@ -322,18 +331,24 @@ def test_damaged_and_crashed_runs_are_reported_and_the_rest_works(trained, tmp_p
 
 
 def test_a_running_run_shows_new_steps_on_the_next_rerun(tmp_path, monkeypatch):
+    import streamlit as st
+
     from dashboard.synthetic import synthetic_step
     from engine.runlog import RunWriter
 
     writer = RunWriter.create(tmp_path, "live", algorithm="grpo", task="linear", config={}, model="m")
     rng = np.random.default_rng(0)
-    writer.log_step(0, **synthetic_step(0, 2, 2, 8, 1, rng))
-    at = open_page(tmp_path, None, monkeypatch)
+    # Just created, nothing logged yet: listed and marked running, step pages say they wait for a step.
+    at = open_page(tmp_path, "groups", monkeypatch)
     assert any("training" in s.value for s in at.sidebar.success)  # a running run is marked
-    writer.log_step(1, **synthetic_step(1, 2, 2, 8, 1, rng))
-    import streamlit as st
-
+    assert any("has not logged any step yet" in i.value for i in at.info)
+    writer.log_step(0, **synthetic_step(0, 2, 2, 8, 1, rng))
     st.cache_data.clear()  # what the 2 s TTL does in the live app
+    at.run()
+    assert not at.exception and at.query_params["step"] == "0"
+    assert [h.value for h in at.header] == ["Groups"]
+    writer.log_step(1, **synthetic_step(1, 2, 2, 8, 1, rng))
+    st.cache_data.clear()
     at.run()
     assert not at.exception
     assert at.query_params["step"] == "1"  # following the newest step
