@@ -8,6 +8,7 @@ Page-specific parameters (rollout, channel, pass, group, ...) go through `url_va
 from __future__ import annotations
 
 import os
+import re
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -26,6 +27,22 @@ def logs_dir() -> str:
         if arg.startswith("--logs-dir="):
             return str(Path(arg.split("=", 1)[1]).resolve())
     return str(Path(os.environ.get(LOGS_DIR_ENV, "logs")).resolve())
+
+
+_MARKDOWN_SPECIAL = re.compile(r"([\\`*_{}\[\]()#+\-.!|<>~$:])")
+
+
+def md(value) -> str:
+    """Any logged or URL-supplied text made literal for Streamlit's markdown (captions, warnings, headers).
+
+    A prompt, a run's task name or a hand-edited link could otherwise render as a link, an image fetched from
+    anywhere, or formatting. Token text never goes through markdown at all (see tokens.py)."""
+    return _MARKDOWN_SPECIAL.sub(r"\\\1", str(value))
+
+
+def linked(key: str) -> str:
+    """The URL's value for `key`, quoted and escaped, for messages about a link that asked for something missing."""
+    return md(repr(st.query_params.get(key)))
 
 
 def url_value(key: str, cast=str, default=None):
@@ -99,14 +116,14 @@ def require_selection(need_step: bool = True) -> Selection:
         st.info("No run selected.")
         st.stop()
     if need_step and selection.step is None:
-        st.info(f"Run **{selection.run}** has not logged any step yet. It will appear here once it does.")
+        st.info(f"Run **{md(selection.run)}** has not logged any step yet. It will appear here once it does.")
         st.stop()
     return selection
 
 
 def show_error(what: str, error: Exception) -> None:
     """A failed query (damaged file, run deleted meanwhile...) is reported without taking the page down."""
-    st.error(f"Could not read {what}: {type(error).__name__}: {error}")
+    st.error(f"Could not read {md(what)}: {type(error).__name__}: {md(error)}")
 
 
 def load(what: str, function, *args, **kwargs):

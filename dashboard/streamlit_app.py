@@ -69,7 +69,10 @@ running = [r for r in run_names if status_of.get(r) == "running"]
 fallback_run = running[-1] if running else run_names[-1]
 run, problem = common.initial_value("run", "run", str, run_names, fallback_run)
 if problem:
-    st.sidebar.warning(f"Run {st.query_params.get('run')!r} from the link is not in the logs folder; showing {run!r}.")
+    st.sidebar.warning(
+        f"Run {common.linked('run')} from the link is not in the logs folder; "
+        f"showing {common.md(repr(run))}."
+    )
 st.session_state["run"] = run
 run = st.sidebar.selectbox(
     "Run", run_names, key="run", format_func=lambda r: f"{STATUS_MARK.get(status_of.get(r), '? ')}{r}",
@@ -94,7 +97,9 @@ if steps:
     latest_seen[run] = latest
     step, problem = common.initial_value("step", "step", int, steps, latest)
     if problem:
-        st.sidebar.warning(f"Step {st.query_params.get('step')!r} from the link was not logged; showing step {step}.")
+        st.sidebar.warning(
+            f"Step {common.linked('step')} from the link was not logged; showing step {step}."
+        )
     st.session_state["step"] = step
     if len(steps) > 1:
         step = st.sidebar.select_slider("Step", steps, key="step")
@@ -102,10 +107,10 @@ if steps:
         st.sidebar.caption(f"Step {step} (the only one logged so far)")
 
 if info["status"] == "running":
-    st.sidebar.success(f"{run} is training")
+    st.sidebar.success(f"{common.md(run)} is training")
 elif info["status"] == "crashed":
-    st.sidebar.error(f"{run} crashed at step {info['last_step']}; its logged steps are shown.")
-st.sidebar.caption(f"{info['algorithm']} · {info['task']} · logs: `{logs}`")
+    st.sidebar.error(f"{common.md(run)} crashed at step {info['last_step']}; its logged steps are shown.")
+st.sidebar.caption(f"{common.md(info['algorithm'])} · {common.md(info['task'])} · logs: {common.md(logs)}")
 try:
     problems = queries.reader_problems(logs)
 except Exception:  # the runs table above already worked; a failure here only hides the list

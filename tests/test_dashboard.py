@@ -282,9 +282,12 @@ def test_weighting_page_reports_what_policy_loss_computes(trained, monkeypatch):
 
 def test_unknown_run_in_the_url_is_explained_and_the_app_still_works(trained, monkeypatch):
     logs_dir, _ = trained
-    at = open_page(logs_dir, None, monkeypatch, run="no-such-run", step=999999, rollout=-5)
+    # The unknown name also tries to smuggle a markdown image (fetched from anywhere) into the message.
+    hostile = "no-such-run![x](http://127.0.0.1:9/x.png)"
+    at = open_page(logs_dir, None, monkeypatch, run=hostile, step=999999, rollout=-5)
     warnings = " ".join(w.value for w in at.sidebar.warning)
-    assert "no-such-run" in warnings and "not in the logs folder" in warnings
+    assert "![x](" not in warnings  # escaped: shown as text, not rendered
+    assert hostile in warnings.replace("\\", "") and "not in the logs folder" in warnings
     assert at.query_params["run"] in {r.name for r in Path(logs_dir).iterdir() if (r / "run.json").exists()}
     at.switch_page("app_pages/groups.py").run()
     assert not at.exception

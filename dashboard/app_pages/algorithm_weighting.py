@@ -26,7 +26,7 @@ st.caption("The logged log-probs and advantages of one group (or the whole step)
 summary = common.load("the groups", queries.group_summary, logs, run, step)
 rollouts = common.load("the rollouts", queries.step_rollouts, logs, run, step, "train")
 if summary.empty:
-    st.info(f"Step {step} of {run} has no train groups.")
+    st.info(f"Step {step} of {common.md(run)} has no train groups.")
     st.stop()
 
 # ---------------------------------------------------------------- what to weigh
@@ -107,7 +107,7 @@ if weighed is None:
     st.stop()
 batch_ids, advantage, results, errors = weighed
 for algo, message in errors.items():
-    st.error(f"{algo}: {message}")
+    st.error(f"{algo}: {common.md(message)}")
 if not results:
     st.stop()
 

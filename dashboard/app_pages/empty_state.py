@@ -44,7 +44,7 @@ def render() -> None:
     st.title("PolicyLens")
     st.markdown(
         f"""
-No runs in **`{logs}`** yet. Start the demo (GRPO, GRPO with process rewards, DAPO, GSPO and ASPO learning the
+No runs in **{common.md(logs)}** yet. Start the demo (GRPO, GRPO with process rewards, DAPO, GSPO and ASPO learning the
 same equation task) or a run of your own (`policylens train --help`); this page fills in by itself:
 
 ```bash

@@ -16,7 +16,7 @@ st.header("Groups")
 summary = common.load("the groups", queries.group_summary, logs, run, step)
 rollouts = common.load("the rollouts", queries.step_rollouts, logs, run, step, "train")
 if summary.empty:
-    st.info(f"Step {step} of {run} has no train groups.")
+    st.info(f"Step {step} of {common.md(run)} has no train groups.")
     st.stop()
 
 # ---------------------------------------------------------------- filter and sort
@@ -66,7 +66,7 @@ pages = max(1, -(-len(shown) // GROUPS_PER_PAGE))
 page = st.number_input("Page", 1, pages, 1, key="group_page") if pages > 1 else 1
 for group in shown.iloc[(page - 1) * GROUPS_PER_PAGE: page * GROUPS_PER_PAGE].itertuples(index=False):
     members = rollouts[rollouts["group_id"] == group.group_id].sort_values("index_in_group")
-    mark = f" · **dropped** ({group.filter_reason})" if group.filtered else ""
+    mark = f" · **dropped** ({common.md(group.filter_reason)})" if group.filtered else ""
     with st.container(border=True):
         st.markdown(f"**Group {group.group_id}** · {group.outcome} · reward mean {group.reward_mean:.3f}, "
                     f"std {group.reward_std:.3f}{mark}")

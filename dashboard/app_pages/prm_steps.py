@@ -27,8 +27,8 @@ st.header("PRM steps")
 def logged_view() -> None:
     """The logged process-supervised rollouts of this step."""
     if not common.load("the PRM steps", queries.run_has_prm, logs, run, selection.version):
-        st.info(f"{run} was not trained with process supervision (no PRM steps logged). The sandbox below works "
-                "for any run.")
+        st.info(f"{common.md(run)} was not trained with process supervision (no PRM steps logged). The sandbox "
+                "below works for any run.")
         return
     rollouts = common.load("the rollouts", queries.step_rollouts, logs, run, step, "train")
     if rollouts.empty:
@@ -38,7 +38,7 @@ def logged_view() -> None:
     by_id = rollouts.set_index("rollout_id", drop=False)
     rollout_id, problem = common.initial_value("prm_rollout", "rollout", int, ids, ids[0])
     if problem:
-        st.warning(f"Rollout {st.query_params.get('rollout')!r} is not in step {step}; showing {rollout_id}.")
+        st.warning(f"Rollout {common.linked('rollout')} is not in step {step}; showing {rollout_id}.")
     st.session_state["prm_rollout"] = rollout_id
     rollout_id = st.selectbox(
         "Rollout", ids, key="prm_rollout",
@@ -90,7 +90,7 @@ def sandbox() -> None:
     try:
         advantages, normalized = recompute.process_sandbox(step_rewards, step_lengths)
     except (ValueError, ImportError) as error:
-        st.error(f"process_advantages refused these rewards: {error}")
+        st.error(f"process_advantages refused these rewards: {common.md(error)}")
         return
     st.dataframe(
         pd.DataFrame([{"completion": label, **{f"step {j + 1} normalized": v for j, v in enumerate(values)}}

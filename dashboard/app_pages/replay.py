@@ -18,7 +18,7 @@ x_range = (steps[0] - 0.5, steps[-1] + 0.5)
 
 at, problem = common.initial_value("replay_step", "at", int, steps, selection.step)
 if problem:
-    st.warning(f"Step {st.query_params.get('at')!r} from the link was not logged; starting at step {at}.")
+    st.warning(f"Step {common.linked('at')} from the link was not logged; starting at step {at}.")
 st.session_state["replay_step"] = at
 
 controls = st.columns([1, 2, 5])
@@ -51,7 +51,7 @@ def replay_panel() -> None:
         index = st.number_input("Group of this step (by position)", 0, len(group_ids) - 1,
                                 min(wanted, len(group_ids) - 1), key="replay_group_index")
         group = groups.iloc[index]
-        st.caption(f"group {group.group_id}: {group.prompt}  ·  reward mean {group.reward_mean:.3f}, "
+        st.caption(f"group {group.group_id}: {common.md(group.prompt)}  ·  reward mean {group.reward_mean:.3f}, "
                    f"std {group.reward_std:.3f} · {group.outcome}")
         members = train[train["group_id"] == group.group_id]
         st.dataframe(
@@ -76,13 +76,13 @@ def follow_eval_prompt(step: int) -> None:
     common.set_url_value("prompt", prompt_id)
     across_steps, across_runs = st.columns(2)
     history = common.load("the eval history", queries.eval_prompt_history, logs, run, prompt_id, selection.version)
-    across_steps.markdown(f"**{run}, step by step** (this step marked ▶)")
+    across_steps.markdown(f"**{common.md(run)}, step by step** (this step marked ▶)")
     across_steps.dataframe(
         history.assign(at=history["step"].map(lambda s: "▶" if s == step else "")).drop(columns=["rollout_id"]),
         hide_index=True, key="eval_history",
     )
     others = common.load("other runs", queries.eval_prompt_across_runs, logs, selection.task, prompt_id, step)
-    across_runs.markdown(f"**Every {selection.task} run at step {step}**")
+    across_runs.markdown(f"**Every {common.md(selection.task)} run at step {step}**")
     across_runs.dataframe(others, hide_index=True, key="eval_across_runs")
 
 

@@ -13,7 +13,7 @@ st.header("Token inspector")
 
 rollouts = common.load("the rollouts", queries.step_rollouts, logs, run, step)
 if rollouts.empty:
-    st.info(f"Step {step} of {run} has no rollouts.")
+    st.info(f"Step {step} of {common.md(run)} has no rollouts.")
     st.stop()
 
 by_id = rollouts.set_index("rollout_id", drop=False)
@@ -29,7 +29,7 @@ def describe(rollout_id: int) -> str:
 left, middle, right = st.columns([3, 2, 2])
 rollout_id, problem = common.initial_value("rollout", "rollout", int, rollout_ids, rollout_ids[0])
 if problem:
-    st.warning(f"Rollout {st.query_params.get('rollout')!r} is not in step {step}; showing rollout {rollout_id}.")
+    st.warning(f"Rollout {common.linked('rollout')} is not in step {step}; showing rollout {rollout_id}.")
 st.session_state["rollout"] = rollout_id
 rollout_id = left.selectbox("Rollout", rollout_ids, key="rollout", format_func=describe)
 
@@ -66,8 +66,8 @@ metrics[5].metric("length", int(rollout.length))
 flags = [name for name, on in (("truncated", rollout.truncated), ("filtered", rollout.filtered)) if on]
 metrics[6].metric("flags", ", ".join(flags) or "–")
 if rollout.filtered:
-    st.caption(f"Filtered from the update: {rollout.filter_reason}")
-st.caption(f"Reference answer: {rollout.answer}")
+    st.caption(f"Filtered from the update: {common.md(rollout.filter_reason)}")
+st.caption(f"Reference answer: {common.md(rollout.answer)}")
 
 if tokens.empty:
     st.info("No tokens logged for this rollout.")
