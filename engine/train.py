@@ -250,6 +250,69 @@ def _concat(a: dict | None, b: dict | None) -> dict | None:
     return {k: list(a[k]) + list(b[k]) if isinstance(a[k], list) else np.concatenate([a[k], b[k]]) for k in a}
 
 
+def step_metrics(batch: Batch, records: list[PassRecord], ev: EvalResult | None, cfg: TrainConfig) -> dict:
+    """One `steps` row. Rewards, accuracy and lengths cover every sampled rollout of the step (dropped groups
+    included, so DAPO's training accuracy is not biased towards 50%); clip fractions are over loss tokens of all
+    passes; KL is the mean per-token k3 KL to pi_ref over the passes."""
+    tm = batch.token_mask.cpu()  # (B, T)
+    lm = batch.loss_mask.cpu()  # (B, T)
+    n_loss_tokens = max(1.0, float(lm.sum()) * len(records) / cfg.epochs)
+    clip_counts = [sum(float(((r.clip == c) & (lm[r.idx] > 0)).sum()) for r in records) for c in (1, 2, 3)]
+    kls = [float((r.kl * tm[r.idx]).sum() / tm[r.idx].sum().clamp(min=1)) for r in records if r.kl is not None]
+    every = batch.rollouts + batch.dropped
+    rewards = np.array([r.reward for r in every])
+    lengths = np.array([r.length for r in every])
+    return {
+        "reward_mean": float(rewards.mean()),
+        "reward_std": float(rewards.std(ddof=1)) if len(rewards) > 1 else 0.0,
+        "accuracy": float(np.mean([r.reward_correct for r in every])),
+        "heldout_accuracy": ev.accuracy_greedy if ev else None,
+        "heldout_accuracy_sampled": ev.accuracy_sampled if ev else None,
+        "entropy": float((batch.entropy.cpu() * tm).sum() / tm.sum()),
+        "kl": float(np.mean(kls)) if kls else None,
+        "clip_low_frac": clip_counts[0] / n_loss_tokens,
+        "clip_high_frac": clip_counts[1] / n_loss_tokens,
+        "clip_dual_frac": clip_counts[2] / n_loss_tokens,
+        "response_len_mean": float(lengths.mean()),
+        "response_len_max": int(lengths.max()),
+        "truncated_frac": float(np.mean([r.truncated for r in every])),
+        "groups_kept": cfg.prompts_per_step,
+        "groups_filtered": len(batch.dropped) // cfg.group_size,
+        "gen_batches": batch.gen_batches,
+        "loss": float(np.mean([r.loss for r in records])),
+        "grad_norm": float(np.mean([r.grad_norm for r in records])),
+        "lr": cfg.lr,
+    }
+
+
+def step_tables(batch: Batch, records: list[PassRecord], ev: EvalResult | None, cfg: TrainConfig,
+                tt: TokenText) -> dict:
+    """The step's rows for engine.runlog: rollout ids are the kept batch (0..B-1), then the dropped groups, then
+    the held-out rollouts; group ids likewise, so both are unique within the step."""
+    B = len(batch.rollouts)
+    seq_ratios = None
+    if cfg.algo in SEQUENCE_LEVEL:
+        seq_ratios = [[] for _ in range(B)]
+        for rec in records:
+            for i, s in zip(rec.idx.tolist(), rec.seq_ratio.tolist(), strict=True):
+                seq_ratios[i].append(s)
+    rollouts = _rollout_rows(batch.rollouts, "train", 0, 0, seq_ratios)
+    rollouts = _concat(rollouts, _rollout_rows(batch.dropped, "train", B, 0))
+    tokens = passes = prm = None
+    if cfg.log_tokens:
+        tokens = _token_rows(batch.rollouts, 0, tt, batch.old_logp, batch.ref_logp, batch.entropy,
+                             batch.advantages)
+        passes = _pass_rows(records, batch)
+        prm = _concat(_prm_rows(batch.rollouts, 0), _prm_rows(batch.dropped, B))
+    if ev is not None:
+        first = B + len(batch.dropped)
+        groups = cfg.prompts_per_step + len(batch.dropped) // cfg.group_size
+        e_roll, e_tok, e_prm = _eval_tables(ev, first, groups, tt, cfg.log_tokens)
+        rollouts = _concat(rollouts, e_roll)
+        tokens, prm = _concat(tokens, e_tok), _concat(prm, e_prm)
+    return {"rollouts": rollouts, "tokens": tokens, "token_passes": passes, "prm_steps": prm}
+
+
 # ----------------------------------------------------------------------------- checkpoints
 
 
@@ -405,7 +468,6 @@ def train(cfg: TrainConfig, run_name: str, logs_dir: str | Path = "logs", *, res
                 # ---------------------------------------------------------- sample + reward + advantage
                 policy.eval()
                 batch = collect_batch(policy, ref if need_ref else None, tokenizer, task, sampler, cfg, tt)
-                B = len(batch.rollouts)
 
                 # ---------------------------------------------------------- update
                 records = update(policy, optimizer, batch, cfg, update_gen)
@@ -417,59 +479,10 @@ def train(cfg: TrainConfig, run_name: str, logs_dir: str | Path = "logs", *, res
                     heldout = ev.accuracy_greedy
 
                 # ---------------------------------------------------------- log
-                tm = batch.token_mask.cpu()  # (B, T)
-                lm = batch.loss_mask.cpu()  # (B, T)
-                n_loss_tokens = max(1.0, float(lm.sum()) * len(records) / cfg.epochs)
-                clip_counts = [sum(float(((r.clip == c) & (lm[r.idx] > 0)).sum()) for r in records) for c in (1, 2, 3)]
-                kls = [float((r.kl * tm[r.idx]).sum() / tm[r.idx].sum().clamp(min=1)) for r in records
-                       if r.kl is not None]
-                every = batch.rollouts + batch.dropped
-                rewards = np.array([r.reward for r in every])
-                lengths = np.array([r.length for r in every])
-                metrics = {
-                    "reward_mean": float(rewards.mean()),
-                    "reward_std": float(rewards.std(ddof=1)) if len(rewards) > 1 else 0.0,
-                    "accuracy": float(np.mean([r.reward_correct for r in every])),
-                    "heldout_accuracy": ev.accuracy_greedy if ev else None,
-                    "heldout_accuracy_sampled": ev.accuracy_sampled if ev else None,
-                    "entropy": float((batch.entropy.cpu() * tm).sum() / tm.sum()),
-                    "kl": float(np.mean(kls)) if kls else None,
-                    "clip_low_frac": clip_counts[0] / n_loss_tokens,
-                    "clip_high_frac": clip_counts[1] / n_loss_tokens,
-                    "clip_dual_frac": clip_counts[2] / n_loss_tokens,
-                    "response_len_mean": float(lengths.mean()),
-                    "response_len_max": int(lengths.max()),
-                    "truncated_frac": float(np.mean([r.truncated for r in every])),
-                    "groups_kept": cfg.prompts_per_step,
-                    "groups_filtered": len(batch.dropped) // cfg.group_size,
-                    "gen_batches": batch.gen_batches,
-                    "loss": float(np.mean([r.loss for r in records])),
-                    "grad_norm": float(np.mean([r.grad_norm for r in records])),
-                    "lr": cfg.lr,
-                }
-                seq_ratios = None
-                if cfg.algo in SEQUENCE_LEVEL:
-                    seq_ratios = [[] for _ in range(B)]
-                    for rec in records:
-                        for i, s in zip(rec.idx.tolist(), rec.seq_ratio.tolist(), strict=True):
-                            seq_ratios[i].append(s)
-                rollouts = _rollout_rows(batch.rollouts, "train", 0, 0, seq_ratios)
-                rollouts = _concat(rollouts, _rollout_rows(batch.dropped, "train", B, 0))
-                tokens = passes = prm = None
-                if cfg.log_tokens:
-                    tokens = _token_rows(batch.rollouts, 0, tt, batch.old_logp, batch.ref_logp, batch.entropy,
-                                         batch.advantages)
-                    passes = _pass_rows(records, batch)
-                    prm = _concat(_prm_rows(batch.rollouts, 0), _prm_rows(batch.dropped, B))
-                if ev is not None:
-                    first = B + len(batch.dropped)
-                    groups = cfg.prompts_per_step + len(batch.dropped) // cfg.group_size
-                    e_roll, e_tok, e_prm = _eval_tables(ev, first, groups, tt, cfg.log_tokens)
-                    rollouts = _concat(rollouts, e_roll)
-                    tokens, prm = _concat(tokens, e_tok), _concat(prm, e_prm)
+                metrics = step_metrics(batch, records, ev, cfg)
+                tables = step_tables(batch, records, ev, cfg, tt)
                 metrics["step_seconds"] = time.perf_counter() - t0
-                writer.log_step(step, metrics=metrics, rollouts=rollouts, tokens=tokens, token_passes=passes,
-                                prm_steps=prm)
+                writer.log_step(step, metrics=metrics, **tables)
 
                 last = step
                 if cfg.checkpoint_every and step % cfg.checkpoint_every == 0:
