@@ -48,8 +48,8 @@ CLIP_NAMES = {0: "none", 1: "low", 2: "high", 3: "dual / cap"}
 # Low and high clipping must be told apart at a glance and without relying on colour alone: low is a thick line
 # under the token, high a thick line over it, the dual/soft cap a dashed outline.
 CLIP_STYLES = {
-    1: "border-bottom:3px solid #1f77b4;",
-    2: "border-top:3px solid #d62728;",
+    1: "border-bottom:4px solid #1f77b4;",
+    2: "border-top:4px solid #d62728;",
     3: "outline:2px dashed #9467bd;outline-offset:-1px;",
 }
 
@@ -135,7 +135,7 @@ def token_heatmap_html(tokens: pd.DataFrame, channel_name: str, hover_columns: l
         )
     legend = colour_legend_html(channel, low, high)
     return (
-        '<div class="pl-tokens" style="font-family:ui-monospace,Menlo,Consolas,monospace;font-size:14px;'
+        '<div class="pl-tokens" style="font-family:ui-monospace,Menlo,Consolas,monospace;font-size:16px;'
         f'line-height:2.0;white-space:normal;word-break:break-all;">{"".join(spans)}</div>{legend}'
     )
 

@@ -101,14 +101,18 @@ def pick_run_and_rollout(logs_dir: str, run: str | None) -> tuple[str, int | Non
         if runs.empty:
             raise SystemExit(f"no runs in {logs_dir}")
         run = str(runs["run"].iloc[0])
+    # A rollout of a mixed group (right and wrong answers, so non-zero advantages) at the last step, preferring
+    # one with clip events to show.
     rollout = reader.sql(
-        """SELECT rollout_id FROM rollouts WHERE run = ? AND kind = 'train'
-           AND step = (SELECT max(step) FROM rollouts WHERE run = ?)
-           AND group_id IN (SELECT group_id FROM rollouts WHERE run = ? AND kind = 'train'
-                            AND step = (SELECT max(step) FROM rollouts WHERE run = ?)
-                            GROUP BY group_id HAVING min(reward) < max(reward))
-           ORDER BY advantage DESC LIMIT 1""",
-        [run, run, run, run],
+        """WITH last AS (SELECT max(step) AS step FROM rollouts WHERE run = ? AND kind = 'train'),
+                r AS (SELECT * FROM rollouts WHERE run = ? AND kind = 'train' AND step = (SELECT step FROM last)),
+                mixed AS (SELECT group_id FROM r GROUP BY group_id HAVING min(reward) < max(reward)),
+                clips AS (SELECT rollout_id, count(*) FILTER (WHERE clip > 0) AS clipped FROM token_passes
+                          WHERE run = ? AND step = (SELECT step FROM last) GROUP BY rollout_id)
+           SELECT r.rollout_id FROM r LEFT JOIN clips USING (rollout_id)
+           WHERE r.group_id IN (SELECT group_id FROM mixed)
+           ORDER BY coalesce(clips.clipped, 0) > 0 DESC, r.advantage DESC LIMIT 1""",
+        [run, run, run],
     )
     return run, (int(rollout["rollout_id"].iloc[0]) if len(rollout) else None)
 

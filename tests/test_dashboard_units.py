@@ -39,7 +39,7 @@ def test_token_html_never_contains_a_token_as_markup():
     assert html.escape(HOSTILE, quote=True).replace(" ", "·") in body
     # Low and high clip events are marked differently (and machine-readably).
     assert 'data-clip="1"' in body and 'data-clip="2"' in body
-    assert "border-bottom:3px" in body and "border-top:3px" in body
+    assert "border-bottom:4px" in body and "border-top:4px" in body
 
 
 @pytest.mark.parametrize(
