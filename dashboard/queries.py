@@ -256,12 +256,19 @@ def eval_prompt_history(logs_dir: str, run: str, prompt_id: int, version: tuple)
 
 @st.cache_data(ttl=LIVE_TTL, show_spinner=False)
 def eval_prompt_across_runs(logs_dir: str, task: str, prompt_id: int, step: int) -> pd.DataFrame:
-    """The answers of every run on the same task to one eval prompt at the same step."""
+    """Every run on the same task answering one eval prompt, each at its latest evaluation at or before `step`
+    (runs evaluate every few steps, not necessarily on the same ones)."""
     return sql(
         logs_dir,
-        """SELECT r.run, x.algorithm, r.index_in_group AS sample, r.completion, r.reward, r.reward_correct, r.length
-           FROM rollouts r JOIN runs x ON x.run = r.run
-           WHERE x.task = ? AND r.kind = 'eval' AND r.prompt_id = ? AND r.step = ?
-           ORDER BY r.run, r.index_in_group""",
+        """
+        WITH answers AS (
+            SELECT r.run, x.algorithm, r.step, r.index_in_group AS sample, r.completion, r.reward,
+                   r.reward_correct, r.length
+            FROM rollouts r JOIN runs x ON x.run = r.run
+            WHERE x.task = ? AND r.kind = 'eval' AND r.prompt_id = ? AND r.step <= ?
+        ), latest AS (SELECT run, max(step) AS step FROM answers GROUP BY run)
+        SELECT a.* FROM answers a JOIN latest l ON l.run = a.run AND l.step = a.step
+        ORDER BY a.run, a.sample
+        """,
         [task, prompt_id, step],
     )

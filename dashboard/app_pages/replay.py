@@ -82,7 +82,7 @@ def follow_eval_prompt(step: int) -> None:
         hide_index=True, key="eval_history",
     )
     others = common.load("other runs", queries.eval_prompt_across_runs, logs, selection.task, prompt_id, step)
-    across_runs.markdown(f"**Every {common.md(selection.task)} run at step {step}**")
+    across_runs.markdown(f"**Every {common.md(selection.task)} run at step {step}** (its latest evaluation so far)")
     across_runs.dataframe(others, hide_index=True, key="eval_across_runs")
 
 
