@@ -111,6 +111,9 @@ class TrainConfig:
     """`auto` (CUDA when available, else CPU), `cpu`, `cuda` or `mps`."""
     steps: int = 100
     """Number of training steps (one sampled batch each, then `epochs x minibatches` optimizer steps)."""
+    time_limit_minutes: float = 0.0
+    """Stop after the first step that ends this many minutes after training started (warm start and the step-0
+    evaluation not counted); that step is evaluated and the run finishes. 0: no limit."""
 
     # ------------------------------------------------------------------ built-in model and warm start
     sft_steps: int | None = None
@@ -256,6 +259,8 @@ class TrainConfig:
             bad(f"device must be one of {DEVICES}, got {self.device!r}")
         if self.steps < 1:
             bad(f"steps must be >= 1, got {self.steps}")
+        if self.time_limit_minutes < 0:
+            bad(f"time_limit_minutes must be >= 0 (0: no limit), got {self.time_limit_minutes}")
         if self.group_size < 2:
             bad(
                 f"group_size must be >= 2 (got {self.group_size}): the advantage is the reward minus the group "

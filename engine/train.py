@@ -462,7 +462,8 @@ def train(cfg: TrainConfig, run_name: str, logs_dir: str | Path = "logs", *, res
                 writer.log_step(0, metrics={"heldout_accuracy": heldout,
                                             "heldout_accuracy_sampled": ev.accuracy_sampled},
                                 rollouts=rollouts, tokens=tokens, prm_steps=prm)
-            last = start - 1
+            last, final = start - 1, False
+            t_train = time.monotonic()
             for step in range(start, cfg.steps + 1):
                 t0 = time.perf_counter()
                 # ---------------------------------------------------------- sample + reward + advantage
@@ -473,8 +474,10 @@ def train(cfg: TrainConfig, run_name: str, logs_dir: str | Path = "logs", *, res
                 records = update(policy, optimizer, batch, cfg, update_gen)
 
                 # ---------------------------------------------------------- evaluate
+                out_of_time = bool(cfg.time_limit_minutes) and time.monotonic() - t_train >= 60 * cfg.time_limit_minutes
+                final = step == cfg.steps or out_of_time
                 ev = None
-                if cfg.eval_every and (step % cfg.eval_every == 0 or step == cfg.steps):
+                if cfg.eval_every and (step % cfg.eval_every == 0 or final):
                     ev = run_eval(step)
                     heldout = ev.accuracy_greedy
 
@@ -491,11 +494,11 @@ def train(cfg: TrainConfig, run_name: str, logs_dir: str | Path = "logs", *, res
                 bar.set_postfix(reward=f"{metrics['reward_mean']:.2f}", acc=f"{metrics['accuracy']:.2f}",
                                 heldout=f"{heldout:.2f}", clip=f"{metrics['clip_low_frac']:.3f}/"
                                 f"{metrics['clip_high_frac']:.3f}", refresh=False)
-                if stop.requested:
+                if stop.requested or out_of_time:
                     break
             if last >= start and not (cfg.checkpoint_every and last % cfg.checkpoint_every == 0):
                 save_checkpoint(run_dir, last, policy, optimizer, sampler, update_gen)
-            status = "stopped" if stop.requested and last < cfg.steps else "finished"
+            status = "stopped" if stop.requested and not final else "finished"
     except KeyboardInterrupt:
         status = "stopped"
         raise

@@ -284,3 +284,9 @@ def test_ctrl_c_stops_after_the_step_and_the_run_resumes(tmp_path, warm_cache, r
     assert run_tiny(tmp_path, "sig", resume=True, steps=last + 1) == "finished"
     steps = read(tmp_path, "sig", "SELECT step FROM steps WHERE run = RUN ORDER BY step").step.tolist()
     assert steps[-2:] == [last, last + 1] and len(steps) == len(set(steps))
+
+
+def test_time_limit_finishes_after_the_step_that_crosses_it(tmp_path, run_tiny):
+    assert run_tiny(tmp_path, "timed", steps=50, time_limit_minutes=1e-9, eval_every=10) == "finished"
+    steps = read(tmp_path, "timed", "SELECT step, heldout_accuracy FROM steps WHERE run = RUN ORDER BY step")
+    assert steps.step.tolist() == [0, 1] and steps.heldout_accuracy.notna().all()  # the last step is evaluated
