@@ -21,7 +21,8 @@ learn to stop, so EOS is scored like any other token. Log-probs are taken at the
 so that the policy being optimised is the one that was sampled.
 
 Departures from the papers:
-1. Surplus mixed groups from the last dynamic-sampling batch are discarded without being logged (verl does the same).
+1. Dynamic sampling: the first generation batch has batch_size / G prompts, each refill batch twice the number of
+   groups still missing (verl regenerates a full batch each time); surplus mixed groups are discarded unlogged.
 2. Under process supervision, dynamic sampling drops a group when all its step rewards are equal (its process
    advantages are all zero), and overlong shaping is logged but does not enter the step rewards.
 """
@@ -318,7 +319,9 @@ def collect_batch(policy, ref, tokenizer, task: Task, sampler: PromptSampler, cf
                 f"batches (dropped: {reasons or 'none'}): the policy's groups are almost all correct or all wrong. "
                 "Raise --max-gen-batches, raise --group-size, use an easier/harder task, or --no-dynamic-sampling."
             )
-        problems = sampler.draw(n_groups)
+        # Refill batches ask for twice the missing groups, not a full batch: most of it would be discarded.
+        missing = n_groups - len(kept)
+        problems = sampler.draw(n_groups if gen_batches == 0 else min(n_groups, 2 * missing))
         rollouts, input_ids, attention_mask, P = sample_groups(policy, tokenizer, tt, task, problems, cfg,
                                                                group_counter)
         group_counter += len(problems)
