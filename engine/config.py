@@ -116,15 +116,19 @@ class TrainConfig:
     evaluation not counted); that step is evaluated and the run finishes. 0: no limit."""
 
     # ------------------------------------------------------------------ built-in model and warm start
-    sft_steps: int | None = None
-    """Supervised warm-start steps for the built-in model (None: engine.policy's default). The warm start is
-    cached, so repeated runs reuse it; it is deliberately imperfect so that RL has headroom."""
+    sft_steps: int | None = 1500
+    """Supervised warm-start steps for the built-in model (None: the task's own default in engine.policy). The
+    warm start is cached, so only the first run pays for it (about 5 CPU minutes). 1500 steps, because RL needs a
+    policy that has learned the steps and only gets some of them wrong: on `linear`, 300 steps give 23% held-out
+    greedy accuracy that is mostly lucky guesses (the steps are garbage), 600 give 22.5% (copying learned,
+    arithmetic not), 1500 give 61% (right procedure, uncertain arithmetic)."""
     model_size: str = "default"
     """Built-in model size: `default` (well under 5M parameters) or `tiny` (for tests and smoke runs)."""
 
     # ------------------------------------------------------------------ sampling
-    batch_size: int = 64
-    """Completions per training step (= prompts per step x group_size)."""
+    batch_size: int = 256
+    """Completions per training step (= prompts per step x group_size). 32 prompts x 8: with fewer prompts per
+    optimizer step the update is mostly noise, and noise alone lowers greedy accuracy (it flips near-tied digits)."""
     group_size: int = 8
     """G, completions sampled per prompt; the advantage baseline is the group mean (GRPO; the paper uses 64,
     DAPO 16). Must be at least 2."""
@@ -186,8 +190,10 @@ class TrainConfig:
     """Passes over each sampled batch. Preset: 2 (ASPO 3). More than one pass makes ratios leave 1 so clipping acts."""
     minibatches: int | None = None
     """Mini-batches per epoch (one optimizer step each). Preset: 2 (GSPO 4, as in its paper)."""
-    lr: float = 2e-4
-    """AdamW learning rate (constant; the papers use 1e-6 on 7B+ models, a tiny model needs far more)."""
+    lr: float = 5e-5
+    """AdamW learning rate, constant (the papers use 1e-6 on 7B+ models). Measured on `linear`: 1e-4 and above
+    lower held-out greedy accuracy within 10-30 steps at batch 64; 5e-5 at batch 256 keeps it and raises sampled
+    accuracy."""
     weight_decay: float = 0.0
     """AdamW weight decay (verl and TRL default to 0 or 0.01 for RL; 0 keeps pi close to the warm start)."""
     adam_beta1: float = 0.9
@@ -200,8 +206,9 @@ class TrainConfig:
     # ------------------------------------------------------------------ evaluation, checkpoints, logging
     eval_every: int = 10
     """Held-out evaluation every N steps (and at step 0 and the last step). 0 disables evaluation."""
-    eval_size: int = 100
-    """Number of held-out prompts; the same prompts at every evaluation, so each can be followed across steps."""
+    eval_size: int = 200
+    """Number of held-out prompts; the same prompts at every evaluation, so each can be followed across steps.
+    200 (the whole held-out split of the built-in tasks) keeps the standard error of an accuracy near 3 points."""
     eval_temperature: float | None = None
     """Temperature of the sampled held-out accuracy. None: the training temperature."""
     checkpoint_every: int = 25
