@@ -30,7 +30,8 @@ def load_curves(logs_dir: str, runs: list[str], x: str) -> dict[str, dict[str, l
     curves = {}
     with RunReader(logs_dir) as reader:
         known = set(reader.run_names())
-        for run in runs:
+        for spec in runs:
+            run, _, label = spec.partition("=")
             if run not in known:
                 raise SystemExit(f"no run {run!r} in {logs_dir} (runs: {', '.join(sorted(known)) or 'none'})")
             df = reader.sql(
@@ -38,7 +39,7 @@ def load_curves(logs_dir: str, runs: list[str], x: str) -> dict[str, dict[str, l
                 "WHERE run = ? AND heldout_accuracy IS NOT NULL ORDER BY step",
                 [run],
             )
-            curves[run] = {k: df[k].astype(float).tolist() for k in ("x", "greedy", "sampled")}
+            curves[label or run] = {k: df[k].astype(float).tolist() for k in ("x", "greedy", "sampled")}
     return curves
 
 
@@ -141,7 +142,7 @@ def write_html(curves, path: Path, title: str, x_label: str, sampled: bool) -> N
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("runs", nargs="+", help="run names")
+    ap.add_argument("runs", nargs="+", help="run names, optionally RUN=LABEL to rename a run in the legend")
     ap.add_argument("--logs-dir", default="logs")
     ap.add_argument("-o", "--output", default="curves.png", help="PNG file to write")
     ap.add_argument("--html", help="also write an interactive plotly HTML page here")
