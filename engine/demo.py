@@ -28,6 +28,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from engine.train import CHECKPOINT_DIR, CHECKPOINT_FILE
+
 
 @dataclass(frozen=True)
 class DemoRun:
@@ -106,8 +108,11 @@ def demo_progress(logs_dir: str | Path) -> dict:
     return {"running": running_supervisor(logs_dir) is not None, "fraction": fraction, "runs": runs}
 
 
-def start_demo(logs_dir: str | Path, fresh: bool = False) -> int:
-    """Start the demo supervisor in the background (unless one is already running); returns its pid."""
+def start_demo(logs_dir: str | Path, fresh: bool = False, train_args: tuple[str, ...] = ()) -> int:
+    """Start the demo supervisor in the background (unless one is already running); returns its pid.
+
+    `train_args` are extra `policylens train` flags for every demo run (the tests use them to train tiny runs).
+    """
     logs_dir = Path(logs_dir).resolve()
     pid = running_supervisor(logs_dir)
     if pid is not None:
@@ -117,6 +122,7 @@ def start_demo(logs_dir: str | Path, fresh: bool = False) -> int:
     command = [sys.executable, "-m", "engine.demo", "--logs-dir", str(logs_dir)]
     if fresh:
         command.append("--fresh")
+    command += ["--", *train_args]
     with open(demo_dir / "demo.log", "ab") as log:
         process = subprocess.Popen(
             command, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True
@@ -140,10 +146,10 @@ def stop_demo(logs_dir: str | Path, timeout: float = 60.0) -> None:
         time.sleep(0.2)
 
 
-def _train_command(run: DemoRun, logs_dir: Path, resume: bool) -> list[str]:
-    base = [sys.executable, "-m", "engine.cli", "train", "--logs-dir", str(logs_dir)]
-    if resume:
-        return [*base, "--resume", run.name]
+def _train_command(run: DemoRun, logs_dir: Path, resume: bool, train_args: list[str]) -> list[str]:
+    base = [sys.executable, "-m", "engine.cli", "train", "--logs-dir", str(logs_dir), "--no-progress"]
+    if resume:  # the saved config is reused; the extra flags must agree with it
+        return [*base, "--resume", run.name, *train_args]
     return [
         *base,
         "--algo", run.algo,
@@ -153,11 +159,11 @@ def _train_command(run: DemoRun, logs_dir: Path, resume: bool) -> list[str]:
         "--eval-every", str(DEMO_EVAL_EVERY),
         "--seed", str(DEMO_SEED),
         "--run-name", run.name,
-        "--no-progress",
+        *train_args,
     ]  # fmt: skip
 
 
-def _supervise(logs_dir: Path, fresh: bool) -> int:
+def _supervise(logs_dir: Path, fresh: bool, train_args: list[str]) -> int:
     """Train the demo runs: the first alone (it builds the shared warm start), then the rest side by side."""
     demo_dir = _demo_dir(logs_dir)
     demo_dir.mkdir(parents=True, exist_ok=True)
@@ -183,17 +189,19 @@ def _supervise(logs_dir: Path, fresh: bool) -> int:
     todo = []
     for run in DEMO_RUNS:
         info = _run_status(logs_dir, run.name)
-        if info is None:
-            todo.append((run, False))
-        elif info.get("status") != "finished":
-            todo.append((run, True))
+        if info is not None and info.get("status") == "finished":
+            continue
+        resumable = info is not None and (logs_dir / run.name / CHECKPOINT_DIR / CHECKPOINT_FILE).exists()
+        if info is not None and not resumable:  # interrupted before its first checkpoint: start it again
+            shutil.rmtree(logs_dir / run.name)
+        todo.append((run, resumable))
 
     failures = 0
     for batch in (todo[:1], todo[1:]):
         for run, resume in batch:
             if stopping:
                 break
-            children.append(subprocess.Popen(_train_command(run, logs_dir, resume), env=env))
+            children.append(subprocess.Popen(_train_command(run, logs_dir, resume, train_args), env=env))
         for child in children:
             failures += child.wait() != 0
         children.clear()
@@ -205,8 +213,9 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description="Run the demo comparison's training (normally via `policylens demo`).")
     parser.add_argument("--logs-dir", required=True)
     parser.add_argument("--fresh", action="store_true")
+    parser.add_argument("train_args", nargs="*", help="extra `policylens train` flags, after --")
     args = parser.parse_args(argv)
-    return _supervise(Path(args.logs_dir).resolve(), args.fresh)
+    return _supervise(Path(args.logs_dir).resolve(), args.fresh, args.train_args)
 
 
 if __name__ == "__main__":

@@ -1,0 +1,76 @@
+"""The demo: five runs trained side by side in the background, reused when asked again, stopped cleanly."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+from conftest import TINY
+
+from engine import demo
+from engine.runlog import list_runs
+
+
+def tiny_train_args(warm_cache, steps: int) -> tuple[str, ...]:
+    """The demo's runs on the tests' tiny model (its warm start is cached once per checkout by conftest)."""
+    args = ["--steps", str(steps), "--cache-dir", str(warm_cache), "--checkpoint-every", "1"]
+    for field, value in TINY.items():
+        if field != "checkpoint_every":
+            args += [f"--{field.replace('_', '-')}", str(value)]
+    return tuple(args)
+
+
+def wait_for(condition, timeout: float, what: str):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if condition():
+            return
+        time.sleep(0.5)
+    raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what}")
+
+
+def statuses(logs_dir) -> dict[str, tuple[str, int | None, str]]:
+    return {run["run"]: (run["status"], run["last_step"], run["run_id"]) for run in list_runs(logs_dir)}
+
+
+@pytest.mark.slow
+def test_demo_trains_all_runs_then_reuses_them(tmp_path, warm_cache):
+    logs = tmp_path / "logs"
+    demo.start_demo(logs, train_args=tiny_train_args(warm_cache, steps=2))
+    assert demo.running_supervisor(logs) is not None
+    assert demo.start_demo(logs) == demo.running_supervisor(logs)  # a second start while it runs is a no-op
+    wait_for(lambda: demo.running_supervisor(logs) is None, 300, "the demo to finish")
+
+    first = statuses(logs)
+    assert set(first) == {run.name for run in demo.DEMO_RUNS}
+    assert all(status == "finished" and last_step == 2 for status, last_step, _ in first.values()), first
+    algorithms = {run["run"]: (run["algorithm"], run["config"]["supervision"]) for run in list_runs(logs)}
+    assert algorithms == {run.name: (run.algo, run.supervision) for run in demo.DEMO_RUNS}
+    assert demo.demo_progress(logs)["running"] is False
+
+    # Asked again: nothing is retrained (same run ids, same steps).
+    demo.start_demo(logs, train_args=tiny_train_args(warm_cache, steps=2))
+    wait_for(lambda: demo.running_supervisor(logs) is None, 120, "the second demo start to return")
+    assert statuses(logs) == first
+
+
+@pytest.mark.slow
+def test_stopping_the_demo_stops_training_cleanly_and_a_restart_resumes(tmp_path, warm_cache):
+    logs = tmp_path / "logs"
+    demo.start_demo(logs, train_args=tiny_train_args(warm_cache, steps=40))
+
+    def some_run_has_a_step():
+        return any((last or 0) >= 1 for _, last, _ in statuses(logs).values())
+
+    wait_for(some_run_has_a_step, 180, "a first logged step")
+    demo.stop_demo(logs, timeout=120)
+    assert demo.running_supervisor(logs) is None
+    stopped = statuses(logs)
+    assert stopped and all(status in ("stopped", "finished") for status, _, _ in stopped.values()), stopped
+
+    # A restart resumes the stopped runs (same run id, numbering continues) instead of starting them over.
+    demo.start_demo(logs, train_args=tiny_train_args(warm_cache, steps=40))
+    name, (_, last_step, run_id) = next((n, s) for n, s in stopped.items() if (s[1] or 0) >= 1)
+    wait_for(lambda: (statuses(logs)[name][1] or 0) > last_step, 180, f"{name} to continue after step {last_step}")
+    assert statuses(logs)[name][2] == run_id
+    demo.stop_demo(logs, timeout=120)
