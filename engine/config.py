@@ -430,7 +430,7 @@ def add_config_arguments(parser) -> None:
     for f in knob_fields():
         flag = "--" + f.name.replace("_", "-")
         kind = _base_type(f)
-        help_text = docs.get(f.name, "")
+        help_text = docs.get(f.name, "").replace("%", "%%")  # argparse %-formats help strings
         if kind is bool:
             group.add_argument(flag, dest=f.name, default=None, action=argparse.BooleanOptionalAction, help=help_text)
         else:
