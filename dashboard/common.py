@@ -29,6 +29,14 @@ def logs_dir() -> str:
     return str(Path(os.environ.get(LOGS_DIR_ENV, "logs")).resolve())
 
 
+def shown_path(path: str) -> str:
+    """A folder as the user would type it: relative to the working directory when inside it."""
+    try:
+        return str(Path(path).relative_to(Path.cwd()))
+    except ValueError:
+        return path
+
+
 _MARKDOWN_SPECIAL = re.compile(r"([\\`*_{}\[\]()#+\-.!|<>~$:])")
 
 

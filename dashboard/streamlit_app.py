@@ -110,7 +110,8 @@ if info["status"] == "running":
     st.sidebar.success(f"{common.md(run)} is training")
 elif info["status"] == "crashed":
     st.sidebar.error(f"{common.md(run)} crashed at step {info['last_step']}; its logged steps are shown.")
-st.sidebar.caption(f"{common.md(info['algorithm'])} · {common.md(info['task'])} · logs: {common.md(logs)}")
+shown_logs = common.md(common.shown_path(logs))
+st.sidebar.caption(f"{common.md(info['algorithm'])} · {common.md(info['task'])} · logs: {shown_logs}")
 try:
     problems = queries.reader_problems(logs)
 except Exception:  # the runs table above already worked; a failure here only hides the list
