@@ -192,8 +192,8 @@ class TrainConfig:
     """Mini-batches per epoch (one optimizer step each). Preset: 2 (GSPO 4, as in its paper)."""
     lr: float = 5e-5
     """AdamW learning rate, constant (the papers use 1e-6 on 7B+ models). Measured on `linear`: 1e-4 and above
-    lower held-out greedy accuracy within 10-30 steps at batch 64; 5e-5 at batch 256 keeps it and raises sampled
-    accuracy."""
+    lower held-out greedy accuracy by 5-10 points within 10-30 steps at batch 64; 5e-5 at batch 256 keeps it within
+    its noise (+-3.5 points on 200 prompts) for 10 minutes while training accuracy rises about 5 points."""
     weight_decay: float = 0.0
     """AdamW weight decay (verl and TRL default to 0 or 0.01 for RL; 0 keeps pi close to the warm start)."""
     adam_beta1: float = 0.9
