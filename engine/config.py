@@ -119,9 +119,10 @@ class TrainConfig:
     sft_steps: int | None = 1500
     """Supervised warm-start steps for the built-in model (None: the task's own default in engine.policy). The
     warm start is cached, so only the first run pays for it (about 5 CPU minutes). 1500 steps, because RL needs a
-    policy that has learned the steps and only gets some of them wrong: on `linear`, 300 steps give 23% held-out
-    greedy accuracy that is mostly lucky guesses (the steps are garbage), 600 give 22.5% (copying learned,
-    arithmetic not), 1500 give 61% (right procedure, uncertain arithmetic)."""
+    policy that has learned the steps: on `linear`, 300 steps give greedy accuracy that is mostly lucky guesses
+    (the steps are garbage), 600 steps copy the equation but cannot do the arithmetic. With 1500 steps and the
+    SFT data's systematic slip (engine.policy.SFTConfig.answer_slip_frac: negative answers lose their sign) the
+    warm start scores 28.5% held-out greedy, 14% sampled, and RL has a habit to unlearn."""
     model_size: str = "default"
     """Built-in model size: `default` (well under 5M parameters) or `tiny` (for tests and smoke runs)."""
 

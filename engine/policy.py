@@ -5,8 +5,9 @@ Run it to warm-start (or reuse the cached warm start) and measure held-out greed
     python -m engine.policy --task linear --cache-dir logs/.cache
     python -m engine.policy --task chain --steps 200 --no-cache
 
-Measured with the defaults (seed 0, 1 thread, on a shared and busy 2-core machine, so wall times are pessimistic):
-`linear` 300 SFT steps, 87 s wall / 57 s CPU, held-out greedy accuracy 23.0% (200 problems); `chain` 600 steps,
+Measured (seed 0, 1 thread, on a shared and busy 2-core machine, so wall times are pessimistic): `linear` with
+the trainer's 1500 SFT steps, 306 s, held-out greedy accuracy 28.5% (17% on negative answers, 41.5% on the others:
+the sign slip of `answer_slip_frac`); `linear` 300 steps, 87 s, 23.0% (mostly lucky guesses); `chain` 600 steps,
 503 s wall / 348 s CPU, held-out greedy accuracy 4.5%. The chain's long, copy-heavy solutions need far more SFT than
 this budget allows: its loss only drops sharply after ~1000 steps (0.41 nats/token and 8% accuracy at 1200 steps).
 
@@ -18,7 +19,8 @@ What is here:
 - `build_model(tokenizer, config)`: a Llama-architecture causal LM from `ModelConfig` (about 0.8M parameters by
   default), seeded.
 - `warm_start(task, tokenizer, model, sft, seed)`: a short SFT on the task's worked solutions, deliberately
-  imperfect so that RL has headroom (few steps, and a fraction of training solutions with one corrupted digit).
+  imperfect so that RL has headroom (a fraction of training solutions with one corrupted digit, and a systematic
+  habit: most negative answers lose their minus sign).
   The loss covers completion tokens and the final <eos> only, never the prompt.
 - `load_policy(task, ...)`: the initial policy (= frozen reference pi_ref), either the cached warm start
   (`<cache_dir>/warmstart-<hash>/`, written atomically) or any local model directory (`model_dir`).
@@ -37,6 +39,7 @@ import hashlib
 import json
 import os
 import random
+import re
 import shutil
 import tempfile
 import time
@@ -94,6 +97,12 @@ class SFTConfig:
     corrupt_frac: float = 0.1
     """Fraction of SFT examples in which one digit of one solution line is replaced by another, so the policy
     also learns some wrong steps and answers (like the seed's flawed example `2x=4 -> x=1`)."""
+    answer_slip_frac: float = 0.6
+    """Fraction of SFT solutions with a negative answer whose final line drops the minus sign (`x=-2` -> `x=2`).
+    Unlike random digit noise this is a systematic bad habit, and a classic one: above 0.5 the warm-started
+    policy knows the procedure but, greedily, forgets the sign of most negative answers. RL removes the habit
+    within minutes (the reward separates the two endings inside one group), and a process reward pins it on the
+    exact step. This is the headroom the learning curves show."""
     num_threads: int = 1
     """torch CPU threads during the warm start; 0 leaves torch's setting. One, because the matrices are tiny:
     on the shared 2-core machine 2 threads made the same SFT about 5x slower (oversubscription) for the same
@@ -208,6 +217,16 @@ def corrupt_completion(text: str, rng: random.Random) -> str:
     return text[:i] + new + text[i + 1 :]
 
 
+def slip_answer_sign(text: str) -> str:
+    """Drop the minus sign of a negative number on the last line of `text` (`x=-2` -> `x=2`, `-7` -> `7`)."""
+    head, _, last = text.rpartition("\n")
+    match = re.search(r"-(\d+)$", last)
+    if match is None or (match.start() > 0 and last[match.start() - 1].isdigit()):
+        return text  # not a negative answer (a trailing `7-3` is a subtraction, not a sign)
+    last = last[: match.start()] + match.group(1)
+    return f"{head}\n{last}" if head else last
+
+
 def warm_start(task: Task, tokenizer, model, sft: SFTConfig | None = None, seed: int = 0,
                device: str | torch.device = "cpu", log=None) -> dict:
     """Train `model` in place on the task's reference solutions; return {losses, seconds, cpu_seconds, steps}.
@@ -247,6 +266,8 @@ def _warm_start(task, tokenizer, model, sft: SFTConfig, seed: int, device: torch
             text = task.solution_text(p)
             if rng.random() < sft.corrupt_frac:
                 text = corrupt_completion(text, rng)
+            if rng.random() < sft.answer_slip_frac:
+                text = slip_answer_sign(text)
             completions.append(text)
         batch = {k: v.to(device) for k, v in sft_batch(tokenizer, [p.prompt for p in problems], completions).items()}
         loss = model(**batch).loss

@@ -184,3 +184,20 @@ def test_load_local_model_errors(tmp_path):
     (tmp_path / "config.json").write_text("{}")
     with pytest.raises(ValueError, match="no weights"):
         load_local_model(tmp_path)
+
+
+@pytest.mark.parametrize(
+    ("solution", "slipped"),
+    [
+        ("2x=-7-3\n2x=-10\nx=-5", "2x=-7-3\n2x=-10\nx=5"),  # only the final answer's sign is dropped
+        ("x=-3", "x=3"),
+        ("6-14+1\n-8+1\n-7", "6-14+1\n-8+1\n7"),  # chain task: a bare negative number
+        ("2x=7-3\n2x=4\nx=2", "2x=7-3\n2x=4\nx=2"),  # a positive answer has no sign to forget
+        ("7-3", "7-3"),  # a subtraction is not a sign
+        ("no number", "no number"),
+    ],
+)
+def test_answer_slip_drops_only_the_sign_of_a_negative_final_answer(solution, slipped):
+    from engine.policy import slip_answer_sign
+
+    assert slip_answer_sign(solution) == slipped
