@@ -26,7 +26,6 @@ What is here:
   (`<cache_dir>/warmstart-<hash>/`, written atomically) or any local model directory (`model_dir`).
 - `load_local_model(path)`: any local transformers causal LM and its tokenizer; nothing is ever downloaded.
 - `generate_greedy`, `greedy_accuracy`: batched greedy decoding with left padding, for evaluation.
-- `step_token_ends`: maps the verifier's step character spans to the index of each step's last token.
 
 Sequence layout (for the rollout code): input = [<bos>] + prompt tokens + completion tokens + [<eos>]; the
 completion text is everything generated before the first <eos>. Position t of a completion is its t-th token.
@@ -50,7 +49,7 @@ from typing import TYPE_CHECKING
 import torch
 
 if TYPE_CHECKING:
-    from engine.tasks import Problem, StepScore, Task
+    from engine.tasks import Problem, Task
 
 CACHE_VERSION = 1
 """Bump when the warm-start procedure changes, so old caches are not reused."""
@@ -439,29 +438,6 @@ def greedy_accuracy(model, tokenizer, task: Task, problems: list[Problem], max_n
     completions = generate_greedy(model, tokenizer, [p.prompt for p in problems],
                                   max_new_tokens or task.max_new_tokens, batch_size)
     return sum(task.outcome_reward(p, c) for p, c in zip(problems, completions, strict=True)) / len(problems)
-
-
-def token_char_ends(tokenizer, token_ids: list[int]) -> list[int]:
-    """Character offset one past each completion token in the decoded completion text.
-
-    Exact for any tokenizer (decodes growing prefixes); for the character tokenizer it is simply 1, 2, 3, ...
-    Special tokens decode to nothing, so an <eos> gets the same end as the token before it.
-    """
-    return [len(tokenizer.decode(token_ids[: i + 1], skip_special_tokens=True)) for i in range(len(token_ids))]
-
-
-def step_token_ends(tokenizer, token_ids: list[int], steps: list[StepScore]) -> list[int]:
-    """For each verifier step (character span in the completion), the index of the completion token holding the
-    step's last character: the position where process supervision puts the step's reward (GRPO section 4.1.3)."""
-    ends = token_char_ends(tokenizer, token_ids)
-    out = []
-    j = 0
-    for s in steps:
-        # First token whose decoded end reaches past the step's last character.
-        while j < len(ends) - 1 and ends[j] < s.end:
-            j += 1
-        out.append(j)
-    return out
 
 
 # ---------------------------------------------------------------- command line

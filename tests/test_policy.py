@@ -18,8 +18,6 @@ from engine.policy import (
     generate_greedy,
     load_local_model,
     load_policy,
-    step_token_ends,
-    token_char_ends,
     warm_start,
 )
 from engine.tasks import get_task
@@ -85,12 +83,15 @@ def test_tokenizer_special_tokens_and_save(tokenizer, tmp_path):
 
 def test_token_offsets(tokenizer):
     ids = [*tokenizer("2x=4\nx=2", add_special_tokens=False).input_ids, tokenizer.eos_token_id]
-    assert token_char_ends(tokenizer, ids) == [1, 2, 3, 4, 5, 6, 7, 8, 8]
+    from engine.rollout import TokenText, step_token_ends
+
+    ends = TokenText(tokenizer).char_ends(ids, "2x=4\nx=2")
+    assert ends == [1, 2, 3, 4, 5, 6, 7, 8, 8]
     task = get_task("linear", n_train=10, n_heldout=2)
     from engine.tasks.linear import make_problem
 
     steps = task.process_reward(make_problem(0, 2, 3, 2, 0), "2x=4\nx=2")
-    assert step_token_ends(tokenizer, ids, steps) == [3, 7]
+    assert step_token_ends(steps, ends) == [3, 7]
 
 
 # ---------------------------------------------------------------- model and warm start
