@@ -1,5 +1,5 @@
 # Two commands for a fresh clone (see README):
-#   make run    create .venv, install, and start PolicyLens on http://127.0.0.1:8501
+#   make run    create .venv, install, train the demo runs (first time) and serve http://127.0.0.1:8501
 #   make test   create/update .venv, install, and run the whole test suite
 PYTHON ?= python3
 VENV ?= .venv
@@ -15,7 +15,7 @@ $(STAMP): pyproject.toml scripts/install.sh
 	touch $(STAMP)
 
 run: $(STAMP)
-	$(BIN)/policylens dashboard --host 127.0.0.1 --port 8501
+	$(BIN)/policylens demo --host 127.0.0.1 --port 8501
 
 test: $(STAMP)
 	$(BIN)/ruff check .
