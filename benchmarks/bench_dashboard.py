@@ -44,32 +44,10 @@ def ensure_run(logs_dir: Path, steps: int, groups: int, group_size: int, length:
     return int(counts.tokens[0])
 
 
-def time_pages(logs_dir: Path, repeat: int) -> list[dict]:
+def time_reruns(at, repeat: int) -> dict[str, float]:
+    """Median server time of re-running the current page with an empty data cache (cold) and right after (warm)."""
     import streamlit as st
-    from streamlit.testing.v1 import AppTest
 
-    os.environ["POLICYLENS_LOGS_DIR"] = str(logs_dir)
-    at = AppTest.from_file(str(ROOT / "dashboard" / "streamlit_app.py"), default_timeout=300)
-    at.query_params["run"] = RUN
-    at.run()
-    rows = []
-    for page in PAGES:
-        at.switch_page(f"app_pages/{page}.py").run()  # warm-up: imports (torch for the weighting page)
-        assert not at.exception, [e.message for e in at.exception]
-        cold, warm = [], []
-        for _ in range(repeat):
-            st.cache_data.clear()
-            started = time.perf_counter()
-            at.run()
-            cold.append(time.perf_counter() - started)
-            started = time.perf_counter()
-            at.run()
-            warm.append(time.perf_counter() - started)
-            assert not at.exception, [e.message for e in at.exception]
-        rows.append({"page": page, "cold_s": statistics.median(cold), "warm_s": statistics.median(warm)})
-    # The heaviest view: every completion of the step through the six objectives at once.
-    at.switch_page("app_pages/algorithm_weighting.py").run()
-    at.radio(key="weigh_scope").set_value("the whole step")
     cold, warm = [], []
     for _ in range(repeat):
         st.cache_data.clear()
@@ -80,7 +58,25 @@ def time_pages(logs_dir: Path, repeat: int) -> list[dict]:
         at.run()
         warm.append(time.perf_counter() - started)
         assert not at.exception, [e.message for e in at.exception]
-    rows.append({"page": "weighting, whole step", "cold_s": statistics.median(cold), "warm_s": statistics.median(warm)})
+    return {"cold_s": statistics.median(cold), "warm_s": statistics.median(warm)}
+
+
+def time_pages(logs_dir: Path, repeat: int) -> list[dict]:
+    from streamlit.testing.v1 import AppTest
+
+    os.environ["POLICYLENS_LOGS_DIR"] = str(logs_dir)
+    at = AppTest.from_file(str(ROOT / "dashboard" / "streamlit_app.py"), default_timeout=300)
+    at.query_params["run"] = RUN
+    at.run()
+    rows = []
+    for page in PAGES:
+        at.switch_page(f"app_pages/{page}.py").run()  # warm-up: imports (torch for the weighting page)
+        assert not at.exception, [e.message for e in at.exception]
+        rows.append({"page": page, **time_reruns(at, repeat)})
+    # The heaviest view: every completion of the step through the six objectives at once.
+    at.switch_page("app_pages/algorithm_weighting.py").run()
+    at.radio(key="weigh_scope").set_value("the whole step")
+    rows.append({"page": "weighting, whole step", **time_reruns(at, repeat)})
     return rows
 
 
