@@ -78,30 +78,28 @@ def running_supervisor(logs_dir: str | Path) -> int | None:
     return pid if _pid_alive(pid) else None
 
 
-def _run_status(logs_dir: Path, name: str) -> dict | None:
-    """The run's status record (`status`, `last_step`), or None when the run does not exist."""
+def _demo_run_infos(logs_dir: Path) -> dict[str, dict]:
+    """The runs-table record (`status`, `last_step`, ...) of each demo run that exists, by name (one listing)."""
     from engine.runlog import RunLogError, list_runs
 
+    names = {run.name for run in DEMO_RUNS}
     try:
-        runs = list_runs(logs_dir)
+        return {info["run"]: info for info in list_runs(logs_dir) if info["run"] in names}
     except RunLogError:
-        return None
-    for run in runs:
-        if run["run"] == name:
-            return run
-    return None
+        return {}
 
 
 def demo_runs_present(logs_dir: str | Path) -> bool:
-    return any(_run_status(Path(logs_dir), run.name) is not None for run in DEMO_RUNS)
+    return bool(_demo_run_infos(Path(logs_dir)))
 
 
 def demo_progress(logs_dir: str | Path) -> dict:
     """Progress of the demo: per run its status and steps done, and the overall fraction done in [0, 1]."""
     logs_dir = Path(logs_dir)
+    infos = _demo_run_infos(logs_dir)
     runs = []
     for run in DEMO_RUNS:
-        info = _run_status(logs_dir, run.name) or {}
+        info = infos.get(run.name, {})
         done = min(int(info.get("last_step") or 0), DEMO_STEPS)
         runs.append({"run": run.name, "status": info.get("status", "waiting"), "steps_done": done})
     fraction = sum(r["steps_done"] for r in runs) / (DEMO_STEPS * len(DEMO_RUNS))
@@ -186,9 +184,10 @@ def _supervise(logs_dir: Path, fresh: bool, train_args: list[str]) -> int:
     signal.signal(signal.SIGINT, stop)
 
     env = dict(os.environ, OMP_NUM_THREADS="1", MKL_NUM_THREADS="1", POLICYLENS_THREADS="1")
+    infos = _demo_run_infos(logs_dir)
     todo = []
     for run in DEMO_RUNS:
-        info = _run_status(logs_dir, run.name)
+        info = infos.get(run.name)
         if info is not None and info.get("status") == "finished":
             continue
         resumable = info is not None and (logs_dir / run.name / CHECKPOINT_DIR / CHECKPOINT_FILE).exists()
