@@ -98,6 +98,65 @@ def run_train(args: argparse.Namespace) -> int:
     return 0
 
 
+def add_warmstart_command(subparsers) -> None:
+    from engine.config import add_config_arguments
+
+    parser = subparsers.add_parser(
+        "warmstart", help="build (or reuse) the cached warm start that `policylens train` with these flags uses",
+        description="Supervised warm start of the built-in model, cached in the cache folder so that every "
+        "`policylens train` with the same task, seed, model and SFT settings starts at once. Takes the same config "
+        "flags as train; prints the held-out greedy accuracy of the warm start.",
+    )
+    _add_logs_dir(parser)
+    parser.add_argument("--cache-dir", help="where warm-started models are cached (default: <logs-dir>/.cache)")
+    parser.add_argument("--threads", type=int, default=0,
+                        help="torch CPU threads (default 0 = torch's choice, every core: run it when nothing else "
+                        "trains)")
+    parser.add_argument("--progress-file", metavar="FILE",
+                        help="keep {step, steps, loss} of the SFT in this JSON file (the demo's progress bar)")
+    add_config_arguments(parser)
+    parser.set_defaults(func=run_warmstart)
+
+
+def run_warmstart(args: argparse.Namespace) -> int:
+    import json
+    import os
+
+    from engine.config import ConfigError, config_from_args
+
+    try:
+        cfg = config_from_args(args)
+    except ConfigError as err:
+        return _fail("warmstart", err)
+    if cfg.model is not None:
+        return _fail("warmstart", f"--model {cfg.model} is used as it is; only the built-in model has a warm start")
+
+    import torch
+
+    from engine.policy import greedy_accuracy
+    from engine.tasks import get_task
+    from engine.train import load_models, resolve_device
+
+    def progress(step: int, steps: int, loss: float) -> None:
+        if step % 100 == 0 or step == steps:
+            print(f"sft step {step:5d}/{steps} loss {loss:.4f}", flush=True)
+        if args.progress_file:  # written whole, then renamed: a reader never sees half a file
+            tmp = f"{args.progress_file}.tmp"
+            Path(tmp).write_text(json.dumps({"step": step, "steps": steps, "loss": loss}))
+            os.replace(tmp, args.progress_file)
+
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    task = get_task(cfg.task, seed=cfg.task_seed)
+    cache_dir = args.cache_dir or Path(args.logs_dir) / ".cache"
+    model, _, tokenizer, desc = load_models(cfg, task, resolve_device(cfg.device), cache_dir, progress=progress)
+    problems = list(task.heldout[: cfg.eval_size])
+    accuracy = greedy_accuracy(model, tokenizer, task, problems, cfg.max_new_tokens)
+    print(desc)
+    print(f"held-out greedy accuracy {accuracy:.1%} on {len(problems)} prompts")
+    return 0
+
+
 # ---------------------------------------------------------------- runs / sql / export
 # These read runs through engine.runlog.RunReader: an in-memory DuckDB with views over the run's Parquet files,
 # so they work while a run trains and never write into a run folder. Bad input exits with code 2.
@@ -405,6 +464,7 @@ def build_parser() -> argparse.ArgumentParser:
     subparsers = parser.add_subparsers(dest="command", required=True)
     for add_command in (
         add_train_command,
+        add_warmstart_command,
         add_runs_command,
         add_sql_command,
         add_export_command,

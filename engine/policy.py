@@ -1,15 +1,14 @@
 """The policy: a character tokenizer, a tiny transformers causal LM, and its supervised warm start (SFT).
 
-Run it to warm-start (or reuse the cached warm start) and measure held-out greedy accuracy:
+Warm-start (or reuse the cached warm start) with the trainer's settings and measure held-out greedy accuracy:
 
-    python -m engine.policy --task linear --cache-dir logs/.cache
-    python -m engine.policy --task chain --steps 200 --no-cache
+    policylens warmstart --task linear            # any `policylens train` config flag is accepted
 
-Measured (seed 0, 1 thread, on a shared and busy 2-core machine, so wall times are pessimistic): `linear` with
-the trainer's 1500 SFT steps, 306 s, held-out greedy accuracy 28.5% (17% on negative answers, 41.5% on the others:
-the sign slip of `answer_slip_frac`); `linear` 300 steps, 87 s, 23.0% (mostly lucky guesses); `chain` 600 steps,
-503 s wall / 348 s CPU, held-out greedy accuracy 4.5%. The chain's long, copy-heavy solutions need far more SFT than
-this budget allows: its loss only drops sharply after ~1000 steps (0.41 nats/token and 8% accuracy at 1200 steps).
+Measured (seed 0, 1 thread): `linear` with its 1000 SFT steps, 129 s on an otherwise idle core, held-out greedy
+accuracy 29.0%: 61.7% on problems with a non-negative answer and 0% on the negative ones (the sign slip of
+`answer_slip_frac`), so RL has a habit to unlearn and about 30 points of headroom. 1500 steps gave 24.0% (51.1% /
+0%): more steps do not mean a better warm start here. `chain` needs far more SFT for its long, copy-heavy
+solutions (600 steps: 4.5% greedy; 1200 steps: 8%, 0.41 nats/token).
 
 What is here:
 - `build_tokenizer()`: one token per character (printable ASCII and newline) plus <pad>, <bos>, <eos>, <unk>,
@@ -33,7 +32,6 @@ completion text is everything generated before the first <eos>. Position t of a 
 
 from __future__ import annotations
 
-import argparse
 import hashlib
 import json
 import os
@@ -96,12 +94,13 @@ class SFTConfig:
     corrupt_frac: float = 0.1
     """Fraction of SFT examples in which one digit of one solution line is replaced by another, so the policy
     also learns some wrong steps and answers (like the seed's flawed example `2x=4 -> x=1`)."""
-    answer_slip_frac: float = 0.6
+    answer_slip_frac: float = 0.85
     """Fraction of SFT solutions with a negative answer whose final line drops the minus sign (`x=-2` -> `x=2`).
-    Unlike random digit noise this is a systematic bad habit, and a classic one: above 0.5 the warm-started
-    policy knows the procedure but, greedily, forgets the sign of most negative answers. RL removes the habit
-    within minutes (the reward separates the two endings inside one group), and a process reward pins it on the
-    exact step. This is the headroom the learning curves show."""
+    Unlike random digit noise this is a systematic bad habit, and a classic one: the warm-started policy knows the
+    procedure but, greedily, forgets the sign of every negative answer, while sampling still writes it now and then
+    (9% of sampled held-out answers), so RL can find it. RL removes the habit within minutes (the reward separates
+    the two endings inside one group), and a process reward pins it on the exact step. This is the headroom the
+    learning curves show. (0.6 left negative answers at 17% greedy and only about 12 points of headroom.)"""
     num_threads: int = 1
     """torch CPU threads during the warm start; 0 leaves torch's setting. One, because the matrices are tiny:
     on the shared 2-core machine 2 threads made the same SFT about 5x slower (oversubscription) for the same
@@ -227,23 +226,23 @@ def slip_answer_sign(text: str) -> str:
 
 
 def warm_start(task: Task, tokenizer, model, sft: SFTConfig | None = None, seed: int = 0,
-               device: str | torch.device = "cpu", log=None) -> dict:
+               device: str | torch.device = "cpu", progress=None) -> dict:
     """Train `model` in place on the task's reference solutions; return {losses, seconds, cpu_seconds, steps}.
 
     Deterministic for a given (task, seed, sft, device). Sets torch CPU threads to `sft.num_threads` for the
-    duration (restored afterwards).
+    duration (restored afterwards). `progress(step, steps, loss)` is called every 25 steps and after the last one.
     """
     sft = resolve_sft(sft, task)
     old_threads = torch.get_num_threads()
     if sft.num_threads > 0:
         torch.set_num_threads(sft.num_threads)
     try:
-        return _warm_start(task, tokenizer, model, sft, seed, torch.device(device), log)
+        return _warm_start(task, tokenizer, model, sft, seed, torch.device(device), progress)
     finally:
         torch.set_num_threads(old_threads)
 
 
-def _warm_start(task, tokenizer, model, sft: SFTConfig, seed: int, device: torch.device, log) -> dict:
+def _warm_start(task, tokenizer, model, sft: SFTConfig, seed: int, device: torch.device, progress) -> dict:
     rng = random.Random(f"sft:{seed}")
     torch.manual_seed(seed)
     model.to(device).train()
@@ -276,8 +275,8 @@ def _warm_start(task, tokenizer, model, sft: SFTConfig, seed: int, device: torch
         opt.step()
         sched.step()
         losses.append(loss.item())
-        if log and (step % 50 == 0 or step == sft.steps - 1):
-            log(f"sft step {step:4d}/{sft.steps} loss {loss.item():.4f}")
+        if progress and ((step + 1) % 25 == 0 or step == sft.steps - 1):
+            progress(step + 1, sft.steps, losses[-1])
     model.eval()
     # Wall time depends on how busy the machine is; process CPU time (summed over threads) is the steadier measure.
     return {"losses": losses, "seconds": time.perf_counter() - t0, "cpu_seconds": time.process_time() - c0,
@@ -337,7 +336,7 @@ def load_local_model(path: str | os.PathLike, device: str | torch.device = "cpu"
 def load_policy(task: Task, *, model_dir: str | os.PathLike | None = None,
                 cache_dir: str | os.PathLike | None = None, seed: int = 0,
                 model_config: ModelConfig | None = None, sft: SFTConfig | None = None,
-                device: str | torch.device | None = None, log=None):
+                device: str | torch.device | None = None, progress=None):
     """The initial policy for `task`: returns (model, tokenizer, description).
 
     - `model_dir` given: `load_local_model(model_dir)` as is (no warm start).
@@ -369,7 +368,7 @@ def load_policy(task: Task, *, model_dir: str | os.PathLike | None = None,
 
     tokenizer = build_tokenizer()
     model = build_model(tokenizer, model_config, seed=seed)
-    stats = warm_start(task, tokenizer, model, sft, seed=seed, device=device, log=log)
+    stats = warm_start(task, tokenizer, model, sft, seed=seed, device=device, progress=progress)
     if cache_dir is not None:
         _save_atomically(model, tokenizer, final, {"key": key, "task": task.name, "seed": seed,
                                                    "model": asdict(model_config), "sft": asdict(sft),
@@ -438,38 +437,3 @@ def greedy_accuracy(model, tokenizer, task: Task, problems: list[Problem], max_n
     completions = generate_greedy(model, tokenizer, [p.prompt for p in problems],
                                   max_new_tokens or task.max_new_tokens, batch_size)
     return sum(task.outcome_reward(p, c) for p, c in zip(problems, completions, strict=True)) / len(problems)
-
-
-# ---------------------------------------------------------------- command line
-
-
-def main(argv: list[str] | None = None) -> int:
-    from engine.tasks import TASKS, get_task
-
-    ap = argparse.ArgumentParser(description="Warm-start the tiny policy and report held-out greedy accuracy.")
-    ap.add_argument("--task", default=TASKS[0], choices=TASKS)
-    ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--steps", type=int, default=None, help="SFT steps (default: the task's sft_steps)")
-    ap.add_argument("--corrupt-frac", type=float, default=SFTConfig.corrupt_frac)
-    ap.add_argument("--lr", type=float, default=SFTConfig.lr)
-    ap.add_argument("--threads", type=int, default=SFTConfig.num_threads)
-    ap.add_argument("--cache-dir", default="logs/.cache")
-    ap.add_argument("--no-cache", action="store_true")
-    args = ap.parse_args(argv)
-
-    task = get_task(args.task, seed=args.seed)
-    sft = SFTConfig(steps=args.steps, corrupt_frac=args.corrupt_frac, lr=args.lr, num_threads=args.threads)
-    t0 = time.perf_counter()
-    model, tokenizer, desc = load_policy(task, cache_dir=None if args.no_cache else args.cache_dir,
-                                         seed=args.seed, sft=sft, device="cpu", log=print)
-    print(desc, f"[{time.perf_counter() - t0:.1f}s]")
-    if args.threads > 0:
-        torch.set_num_threads(args.threads)
-    t0 = time.perf_counter()
-    acc = greedy_accuracy(model, tokenizer, task, task.heldout)
-    print(f"held-out greedy accuracy {acc:.3f} on {len(task.heldout)} problems [{time.perf_counter() - t0:.1f}s]")
-    return 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())

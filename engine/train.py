@@ -375,8 +375,11 @@ class _StopFlag:
             signal.signal(signal.SIGINT, self.previous)
 
 
-def load_models(cfg: TrainConfig, task, device: torch.device, cache_dir: str | Path | None):
-    """(policy, reference, tokenizer, description): the warm start (or --model DIR) and a frozen copy as pi_ref."""
+def load_models(cfg: TrainConfig, task, device: torch.device, cache_dir: str | Path | None, progress=None):
+    """(policy, reference, tokenizer, description): the warm start (or --model DIR) and a frozen copy as pi_ref.
+
+    `progress(step, steps, loss)` follows the warm start's SFT when it has to be trained (engine.policy.warm_start).
+    """
     from engine import policy as pol
 
     # The warm start uses the trainer's thread count: two threads on a busy 2-core machine run 10x slower than one.
@@ -384,7 +387,8 @@ def load_models(cfg: TrainConfig, task, device: torch.device, cache_dir: str | P
     if cfg.sft_steps is not None:
         sft = dataclasses.replace(sft, steps=cfg.sft_steps, warmup_steps=min(sft.warmup_steps, cfg.sft_steps))
     model, tokenizer, desc = pol.load_policy(task, model_dir=cfg.model, cache_dir=cache_dir, seed=cfg.task_seed,
-                                             model_config=model_config(cfg.model_size), sft=sft, device=device)
+                                             model_config=model_config(cfg.model_size), sft=sft, device=device,
+                                             progress=progress)
     model.eval()  # no dropout anywhere: the first pass must reproduce old_logp exactly (ratio == 1)
     ref = copy.deepcopy(model).eval().requires_grad_(False)
     return model, ref, tokenizer, desc

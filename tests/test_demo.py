@@ -33,10 +33,17 @@ def statuses(logs_dir) -> dict[str, tuple[str, int | None, str]]:
     return {run["run"]: (run["status"], run["last_step"], run["run_id"]) for run in list_runs(logs_dir)}
 
 
+@pytest.fixture(autouse=True)
+def no_demo_left_running(tmp_path):
+    """A failing test must not leave a demo training in the background."""
+    yield
+    demo.stop_demo(tmp_path / "logs", timeout=60)
+
+
 @pytest.mark.slow
-def test_demo_trains_all_runs_then_reuses_them(tmp_path, warm_cache):
-    logs = tmp_path / "logs"
-    demo.start_demo(logs, train_args=tiny_train_args(warm_cache, steps=2))
+def test_demo_trains_all_runs_then_reuses_them(tmp_path):
+    logs, cache = tmp_path / "logs", tmp_path / "cache"  # an empty cache: the demo must build the warm start
+    demo.start_demo(logs, train_args=tiny_train_args(cache, steps=2))
     assert demo.running_supervisor(logs) is not None
     assert demo.start_demo(logs) == demo.running_supervisor(logs)  # a second start while it runs is a no-op
     wait_for(lambda: demo.running_supervisor(logs) is None, 300, "the demo to finish")
@@ -46,10 +53,15 @@ def test_demo_trains_all_runs_then_reuses_them(tmp_path, warm_cache):
     assert all(status == "finished" and last_step == 2 for status, last_step, _ in first.values()), first
     algorithms = {run["run"]: (run["algorithm"], run["config"]["supervision"]) for run in list_runs(logs)}
     assert algorithms == {run.name: (run.algo, run.supervision) for run in demo.DEMO_RUNS}
-    assert demo.demo_progress(logs)["running"] is False
+    progress = demo.demo_progress(logs)
+    assert progress["running"] is False
+    # The warm start was built once, before the runs, which all found it in the cache.
+    assert progress["warm_start"]["step"] == progress["warm_start"]["steps"] == TINY["sft_steps"]
+    (cached,) = cache.glob("warmstart-*")
+    assert all(f"cached {cached.name}" in run["model"] for run in list_runs(logs))
 
     # Asked again: nothing is retrained (same run ids, same steps).
-    demo.start_demo(logs, train_args=tiny_train_args(warm_cache, steps=2))
+    demo.start_demo(logs, train_args=tiny_train_args(cache, steps=2))
     wait_for(lambda: demo.running_supervisor(logs) is None, 120, "the second demo start to return")
     assert statuses(logs) == first
 

@@ -202,3 +202,38 @@ def test_answer_slip_drops_only_the_sign_of_a_negative_final_answer(solution, sl
     from engine.policy import slip_answer_sign
 
     assert slip_answer_sign(solution) == slipped
+
+
+def test_warmstart_command_builds_the_cache_that_train_then_uses(tmp_path, capsys):
+    """`policylens warmstart FLAGS` trains the warm start `policylens train FLAGS` looks up, reports its SFT progress
+    in the progress file, and a second call (or the run) reuses it instead of training again."""
+    import json
+
+    from engine.cli import main
+    from engine.runlog import list_runs
+
+    flags = ["--model-size", "tiny", "--sft-steps", "30", "--eval-size", "4", "--logs-dir", str(tmp_path / "logs"),
+             "--cache-dir", str(tmp_path / "cache")]
+    progress_file = tmp_path / "progress.json"
+    assert main(["warmstart", *flags, "--threads", "1", "--progress-file", str(progress_file)]) == 0
+    out = capsys.readouterr().out
+    assert "sft step    30/30" in out and "held-out greedy accuracy" in out and "on 4 prompts" in out
+    progress = json.loads(progress_file.read_text())
+    assert progress["step"] == progress["steps"] == 30 and progress["loss"] > 0
+    (cached,) = (tmp_path / "cache").glob("warmstart-*")
+
+    progress_file.unlink()
+    assert main(["warmstart", *flags, "--threads", "1", "--progress-file", str(progress_file)]) == 0
+    assert "sft step" not in capsys.readouterr().out and not progress_file.exists()  # reused: nothing trained
+
+    assert main(["train", *flags, "--steps", "1", "--batch-size", "8", "--group-size", "4", "--eval-every", "0",
+                 "--run-name", "uses-cache", "--no-progress"]) == 0
+    (info,) = list_runs(tmp_path / "logs")
+    assert f"cached {cached.name}" in info["model"]
+
+
+def test_warmstart_command_refuses_a_local_model(tmp_path, capsys):
+    from engine.cli import main
+
+    assert main(["warmstart", "--model", str(tmp_path), "--logs-dir", str(tmp_path)]) == 2
+    assert "only the built-in model has a warm start" in capsys.readouterr().err

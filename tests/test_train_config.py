@@ -104,3 +104,14 @@ def test_cli_flags_build_the_config(tmp_path, capsys):
     assert "group_size must be >= 2" in capsys.readouterr().err
     assert main(["train", "--resume", "nope", "--logs-dir", str(tmp_path)]) == 2
     assert "no run 'nope'" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("task", ["linear", "chain"])
+def test_sft_steps_default_to_the_tasks_own_and_are_saved_concrete(task):
+    from engine.tasks import get_task
+
+    cfg = TrainConfig(task=task)
+    assert cfg.sft_steps == get_task(task, seed=0).sft_steps
+    assert cfg.to_dict()["sft_steps"] == cfg.sft_steps  # the saved config names the number, not "task default"
+    assert TrainConfig(task=task, sft_steps=7).sft_steps == 7
+    assert TrainConfig.from_dict(cfg.to_dict()).sft_steps == cfg.sft_steps

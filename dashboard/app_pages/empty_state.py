@@ -19,10 +19,18 @@ def _demo_module():
 
 
 def _show_progress(progress) -> None:
-    """Show what `demo_progress` reports: {"fraction": 0..1, "running": bool, "runs": [{run, status, steps_done}]}."""
+    """Show what `demo_progress` reports: {"fraction": 0..1, "running": bool, "runs": [{run, status, steps_done}],
+    "warm_start": {step, steps, loss} or None}."""
     if not isinstance(progress, dict):
         st.write(progress)
         return
+    warm = progress.get("warm_start")
+    if isinstance(warm, dict) and isinstance(warm.get("step"), int) and isinstance(warm.get("steps"), int):
+        step, steps = warm["step"], max(1, warm["steps"])
+        loss = warm.get("loss")
+        loss_text = f", loss {loss:.3f}" if isinstance(loss, (int, float)) else ""
+        st.progress(min(1.0, step / steps), text=f"warm start (supervised fine-tuning, shared by every demo run): "
+                    f"step {step} of {steps}{loss_text}")
     fraction = progress.get("fraction")
     if isinstance(fraction, (int, float)):
         label = "demo training" if progress.get("running") else "demo (not training)"

@@ -96,7 +96,7 @@ class ChainTask(Task):
         train = [draw(i, rng.randint(MIN_OPS, MAX_OPS)) for i in range(self.n_train)]
         self._finish(held, train)
         # Longer completions than `linear`, so more warm-start steps (see SFT numbers in engine.policy).
-        self.sft_steps = 600
+        self.sft_steps = 1500
 
     def answer_line(self, problem: Problem) -> str:
         return problem.answer

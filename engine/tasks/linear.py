@@ -70,7 +70,7 @@ class LinearTask(Task):
         rest = pairs[n_heldout:][: self.n_train]
         train = [make_problem(i, *k, f) for i, (k, f) in enumerate(rest)]
         self._finish(held, train)
-        self.sft_steps = 300
+        self.sft_steps = 1000
 
     def answer_line(self, problem: Problem) -> str:
         return f"x={problem.answer}"
