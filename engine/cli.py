@@ -110,8 +110,8 @@ def add_warmstart_command(subparsers) -> None:
     _add_logs_dir(parser)
     parser.add_argument("--cache-dir", help="where warm-started models are cached (default: <logs-dir>/.cache)")
     parser.add_argument("--threads", type=int, default=0,
-                        help="torch CPU threads (default 0 = torch's choice, every core: run it when nothing else "
-                        "trains)")
+                        help="torch CPU threads (default 0: one per core, at most 4, as the model is tiny; run it "
+                        "when nothing else trains)")
     parser.add_argument("--progress-file", metavar="FILE",
                         help="keep {step, steps, loss} of the SFT in this JSON file (the demo's progress bar)")
     add_config_arguments(parser)
@@ -145,8 +145,7 @@ def run_warmstart(args: argparse.Namespace) -> int:
             Path(tmp).write_text(json.dumps({"step": step, "steps": steps, "loss": loss}))
             os.replace(tmp, args.progress_file)
 
-    if args.threads:
-        torch.set_num_threads(args.threads)
+    torch.set_num_threads(args.threads or min(4, torch.get_num_threads()))
     task = get_task(cfg.task, seed=cfg.task_seed)
     cache_dir = args.cache_dir or Path(args.logs_dir) / ".cache"
     model, _, tokenizer, desc = load_models(cfg, task, resolve_device(cfg.device), cache_dir, progress=progress)

@@ -306,13 +306,17 @@ def test_empty_logs_folder_offers_the_demo(tmp_path, monkeypatch):
     monkeypatch.setattr(engine.demo, "start_demo", lambda logs_dir, **kw: started.append(logs_dir) or 1)
     monkeypatch.setattr(engine.demo, "running_supervisor", lambda logs_dir: None)
     monkeypatch.setattr(engine.demo, "demo_progress",
-                        lambda logs_dir: {"running": True, "fraction": 0.25, "runs": [{"run": "x", "steps_done": 3}]})
+                        lambda logs_dir: {"running": True, "fraction": 0.0, "runs": [{"run": "x", "steps_done": 0}],
+                                          "warm_start": {"step": 250, "steps": 1000, "loss": 0.8125}})
     at = open_page(tmp_path, None, monkeypatch)
     text = " ".join(m.value for m in at.markdown)
     assert "No runs in" in text and "policylens demo" in text
     at.button[0].click().run()
     assert not at.exception
     assert started == [str(tmp_path.resolve())]
+    bars = {bar.proto.text: bar.proto.value for bar in at.get("progress")}
+    assert bars == {"warm start (supervised fine-tuning, shared by every demo run): step 250 of 1000, loss 0.812": 25,
+                    "demo training: 0%": 0}
 
 
 def test_damaged_and_crashed_runs_are_reported_and_the_rest_works(trained, tmp_path, monkeypatch):
