@@ -7,7 +7,10 @@ happen inside the `run_` functions so that `policylens runs` starts quickly.
 from __future__ import annotations
 
 import argparse
+import os
 import sys
+import threading
+import time
 from pathlib import Path
 
 DEFAULT_LOGS_DIR = "logs"
@@ -56,7 +59,6 @@ def add_train_command(subparsers) -> None:
 
 def run_train(args: argparse.Namespace) -> int:
     import json
-    import time
 
     from engine.config import ConfigError, TrainConfig, config_from_args, knob_fields
 
@@ -120,7 +122,6 @@ def add_warmstart_command(subparsers) -> None:
 
 def run_warmstart(args: argparse.Namespace) -> int:
     import json
-    import os
 
     from engine.config import ConfigError, config_from_args
 
@@ -429,7 +430,43 @@ def add_demo_command(subparsers) -> None:
     parser.add_argument("--host", default="127.0.0.1", help="address to listen on (default: loopback only)")
     parser.add_argument("--port", type=int, default=8501)
     parser.add_argument("--fresh", action="store_true", help="delete the demo runs and train them again")
+    parser.add_argument("--no-browser", action="store_true",
+                        help="do not open the dashboard in a browser (it is opened only on a desktop)")
     parser.set_defaults(func=run_demo)
+
+
+def has_desktop(environ=None, platform: str | None = None) -> bool:
+    """Whether a browser window can be opened: macOS and Windows always, elsewhere only under X11 or Wayland (on a
+    server `webbrowser` would start a text browser in the terminal instead)."""
+    environ = os.environ if environ is None else environ
+    platform = platform or sys.platform
+    return platform in ("darwin", "win32") or bool(environ.get("DISPLAY") or environ.get("WAYLAND_DISPLAY"))
+
+
+def local_url(host: str, port: int) -> str:
+    """The address a browser on this machine uses for a server listening on `host` (all interfaces: loopback)."""
+    host = "127.0.0.1" if host in ("", "0.0.0.0", "::") else host
+    return f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
+
+
+def open_browser_when_up(url: str, timeout: float = 60.0) -> threading.Thread:
+    """Open `url` in the desktop's browser as soon as the server answers there (in a background thread)."""
+    import urllib.request
+    import webbrowser
+
+    def wait_then_open() -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            try:
+                with urllib.request.urlopen(url, timeout=2):
+                    webbrowser.open(url)
+                    return
+            except OSError:
+                time.sleep(0.5)
+
+    thread = threading.Thread(target=wait_then_open, daemon=True)
+    thread.start()
+    return thread
 
 
 def run_demo(args: argparse.Namespace) -> int:
@@ -445,6 +482,8 @@ def run_demo(args: argparse.Namespace) -> int:
         print(f"policylens: training the demo runs in the background (log: {logs_dir / '.demo' / 'demo.log'})")
         demo.start_demo(logs_dir, fresh=args.fresh)
         started = True
+    if not args.no_browser and has_desktop():
+        open_browser_when_up(local_url(args.host, args.port))
     try:
         return run_dashboard(args)
     except KeyboardInterrupt:

@@ -4,7 +4,7 @@ Warm-start (or reuse the cached warm start) with the trainer's settings and meas
 
     policylens warmstart --task linear            # any `policylens train` config flag is accepted
 
-Measured (seed 0, 1 thread): `linear` with its 1000 SFT steps, 129 s on an otherwise idle core, held-out greedy
+Measured (seed 0): `linear` with its 1000 SFT steps, 129 s on 1 thread (79 s on 2 threads, alone), held-out greedy
 accuracy 29.0%: 61.7% on problems with a non-negative answer and 0% on the negative ones (the sign slip of
 `answer_slip_frac`), so RL has a habit to unlearn and about 30 points of headroom. 1500 steps gave 24.0% (51.1% /
 0%): more steps do not mean a better warm start here. `chain` needs far more SFT for its long, copy-heavy

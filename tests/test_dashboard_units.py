@@ -79,6 +79,43 @@ def test_dashboard_command_serves_on_loopback_with_an_absolute_logs_dir(tmp_path
     assert command[-3:] == ["--", "--logs-dir", str(tmp_path / "some" / "logs")]
 
 
+@pytest.mark.parametrize(
+    ("environ", "platform", "desktop"),
+    [({}, "linux", False), ({"DISPLAY": ":0"}, "linux", True), ({"WAYLAND_DISPLAY": "wayland-0"}, "linux", True),
+     ({}, "darwin", True), ({}, "win32", True)],
+)
+def test_the_demo_opens_a_browser_only_on_a_desktop(environ, platform, desktop):
+    from engine.cli import has_desktop
+
+    assert has_desktop(environ, platform) is desktop
+
+
+def test_browser_opens_the_dashboard_once_the_server_answers(monkeypatch):
+    import http.server
+    import threading
+    import time
+    import webbrowser
+
+    from engine.cli import local_url, open_browser_when_up
+
+    assert local_url("0.0.0.0", 8501) == "http://127.0.0.1:8501" and local_url("::1", 80) == "http://[::1]:80"
+    opened = []
+    monkeypatch.setattr(webbrowser, "open", opened.append)
+    server = http.server.HTTPServer(("127.0.0.1", 0), http.server.SimpleHTTPRequestHandler)
+    url = local_url("127.0.0.1", server.server_port)
+    server.socket.close()  # the port is known but nothing answers yet
+    waiter = open_browser_when_up(url, timeout=20)
+    time.sleep(1.0)
+    assert opened == []  # not before the server is up
+    server = http.server.HTTPServer(("127.0.0.1", int(url.rsplit(":", 1)[1])), http.server.SimpleHTTPRequestHandler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        waiter.join(20)
+    finally:
+        server.shutdown()
+    assert opened == [url]
+
+
 def test_heatmaps_send_explicit_colour_stops_in_the_direction_of_the_token_view():
     # plotly.js's own "RdBu" runs blue -> red, the opposite of plotly.py's (used by the token view): a name must
     # not reach the browser, or a positive advantage would be red in one view and blue in the other.
