@@ -86,3 +86,46 @@ def test_stopping_the_demo_stops_training_cleanly_and_a_restart_resumes(tmp_path
     wait_for(lambda: (statuses(logs)[name][1] or 0) > last_step, 180, f"{name} to continue after step {last_step}")
     assert statuses(logs)[name][2] == run_id
     demo.stop_demo(logs, timeout=120)
+
+
+@pytest.mark.slow
+def test_demo_command_with_runs_present_only_serves_the_dashboard_and_stops_on_sigterm(tmp_path):
+    """`policylens demo` (what `make run` calls) on a logs folder that already holds a run: the dashboard answers
+    on loopback, no demo training starts, and a SIGTERM stops the server and frees the port."""
+    import signal
+    import socket
+    import subprocess
+    import sys
+    import urllib.request
+
+    import numpy as np
+
+    from dashboard.synthetic import synthetic_step
+    from engine.runlog import RunWriter
+
+    logs = tmp_path / "logs"
+    with RunWriter.create(logs, "mine", algorithm="grpo", task="linear", config={}, model="m") as writer:
+        writer.log_step(0, **synthetic_step(0, 2, 2, 8, 1, np.random.default_rng(0)))
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    server = subprocess.Popen([sys.executable, "-m", "engine.cli", "demo", "--logs-dir", str(logs),
+                               "--port", str(port), "--no-browser"], stdout=subprocess.PIPE, text=True)
+    try:
+        def answers() -> bool:
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{port}/", timeout=2) as response:
+                    return response.status == 200
+            except OSError:
+                return False
+
+        wait_for(answers, 90, "the dashboard to answer")
+        assert demo.running_supervisor(logs) is None and not (logs / ".demo").exists()  # nothing to train
+        server.send_signal(signal.SIGTERM)
+        assert server.wait(30) == 0
+    finally:
+        if server.poll() is None:
+            server.kill()
+    assert "training the demo" not in server.stdout.read()
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", port))  # the port is free again: no orphaned server
