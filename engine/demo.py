@@ -113,9 +113,10 @@ def demo_progress(logs_dir: str | Path) -> dict:
     runs = []
     for run in DEMO_RUNS:
         info = infos.get(run.name, {})
-        done = min(int(info.get("last_step") or 0), DEMO_STEPS)
-        runs.append({"run": run.name, "status": info.get("status", "waiting"), "steps_done": done})
-    fraction = sum(r["steps_done"] for r in runs) / (DEMO_STEPS * len(DEMO_RUNS))
+        total = int((info.get("config") or {}).get("steps") or DEMO_STEPS)  # the run's own target once it exists
+        done = min(int(info.get("last_step") or 0), total)
+        runs.append({"run": run.name, "status": info.get("status", "waiting"), "steps_done": done, "steps": total})
+    fraction = sum(r["steps_done"] for r in runs) / sum(r["steps"] for r in runs)
     return {"running": running_supervisor(logs_dir) is not None, "fraction": fraction, "runs": runs,
             "warm_start": warm_start_progress(logs_dir)}
 

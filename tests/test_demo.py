@@ -54,7 +54,8 @@ def test_demo_trains_all_runs_then_reuses_them(tmp_path):
     algorithms = {run["run"]: (run["algorithm"], run["config"]["supervision"]) for run in list_runs(logs)}
     assert algorithms == {run.name: (run.algo, run.supervision) for run in demo.DEMO_RUNS}
     progress = demo.demo_progress(logs)
-    assert progress["running"] is False
+    assert progress["running"] is False and progress["fraction"] == 1.0
+    assert {(r["steps_done"], r["steps"]) for r in progress["runs"]} == {(2, 2)}
     # The warm start was built once, before the runs, which all found it in the cache.
     assert progress["warm_start"]["step"] == progress["warm_start"]["steps"] == TINY["sft_steps"]
     (cached,) = cache.glob("warmstart-*")

@@ -19,8 +19,8 @@ def _demo_module():
 
 
 def _show_progress(progress) -> None:
-    """Show what `demo_progress` reports: {"fraction": 0..1, "running": bool, "runs": [{run, status, steps_done}],
-    "warm_start": {step, steps, loss} or None}."""
+    """Show what `demo_progress` reports: {"fraction": 0..1, "running": bool,
+    "runs": [{run, status, steps_done, steps}], "warm_start": {step, steps, loss} or None}."""
     if not isinstance(progress, dict):
         st.write(progress)
         return
