@@ -51,6 +51,11 @@ def add_train_command(subparsers) -> None:
     parser.add_argument("--threads", type=int, default=1,
                         help="torch CPU threads (default 1: the model is tiny, and on a busy 2-core machine two "
                         "threads run far slower than one; 0 = torch's choice)")
+    parser.add_argument("--warm-start-threads", type=int, default=None,
+                        help="torch CPU threads while the warm start trains, when it is not cached yet (default: "
+                        "--threads; 0: one per core, at most 4)")
+    parser.add_argument("--warm-start-progress", metavar="FILE",
+                        help="keep {step, steps, loss} of the warm start's SFT in this JSON file while it trains")
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
     parser.add_argument("--print-config", action="store_true", help="print the resolved config as JSON and exit")
     add_config_arguments(parser)
@@ -90,7 +95,8 @@ def run_train(args: argparse.Namespace) -> int:
 
     try:
         status = train(cfg, name, args.logs_dir, resume=bool(args.resume), cache_dir=args.cache_dir,
-                       progress=not args.no_progress, num_threads=args.threads or None)
+                       progress=not args.no_progress, num_threads=args.threads or None,
+                       warm_start_threads=args.warm_start_threads, warm_start_progress=args.warm_start_progress)
     except (RunLogError, DynamicSamplingError, FileNotFoundError, ValueError) as err:
         return _fail("train", err)
     except KeyboardInterrupt:
@@ -121,8 +127,6 @@ def add_warmstart_command(subparsers) -> None:
 
 
 def run_warmstart(args: argparse.Namespace) -> int:
-    import json
-
     from engine.config import ConfigError, config_from_args
 
     try:
@@ -134,22 +138,15 @@ def run_warmstart(args: argparse.Namespace) -> int:
 
     import torch
 
-    from engine.policy import greedy_accuracy
+    from engine.policy import greedy_accuracy, sft_progress_reporter
     from engine.tasks import get_task
-    from engine.train import load_models, resolve_device
+    from engine.train import default_warm_start_threads, load_models, resolve_device
 
-    def progress(step: int, steps: int, loss: float) -> None:
-        if step % 100 == 0 or step == steps:
-            print(f"sft step {step:5d}/{steps} loss {loss:.4f}", flush=True)
-        if args.progress_file:  # written whole, then renamed: a reader never sees half a file
-            tmp = f"{args.progress_file}.tmp"
-            Path(tmp).write_text(json.dumps({"step": step, "steps": steps, "loss": loss}))
-            os.replace(tmp, args.progress_file)
-
-    torch.set_num_threads(args.threads or min(4, torch.get_num_threads()))
+    torch.set_num_threads(args.threads or default_warm_start_threads())
     task = get_task(cfg.task, seed=cfg.task_seed)
     cache_dir = args.cache_dir or Path(args.logs_dir) / ".cache"
-    model, _, tokenizer, desc = load_models(cfg, task, resolve_device(cfg.device), cache_dir, progress=progress)
+    model, _, tokenizer, desc = load_models(cfg, task, resolve_device(cfg.device), cache_dir,
+                                            progress=sft_progress_reporter(args.progress_file))
     problems = list(task.heldout[: cfg.eval_size])
     accuracy = greedy_accuracy(model, tokenizer, task, problems, cfg.max_new_tokens)
     print(desc)

@@ -7,9 +7,9 @@ with one button (`start_demo`) and follows it with `demo_progress`.
 How it runs:
 1. One supervisor process (`python -m engine.demo`) owns the demo; its pid is kept in `<logs>/.demo/pid`, so a
    second start while it lives is a no-op.
-2. First `policylens warmstart` builds the shared cached warm start alone, on every core (it reports its SFT
-   progress in `<logs>/.demo/warmstart.json`); then all five runs train side by side, each in its own
-   `policylens train` process with one thread, so all five curves fill in together on a small machine.
+2. The first run builds the shared cached warm start alone, on every core (it reports its SFT progress in
+   `<logs>/.demo/warmstart.json`); once it has logged its first step the other four start, and all five train
+   side by side, each in its own `policylens train` process with one thread, so all curves fill in together.
 3. Runs already finished are kept; runs stopped or crashed part way are resumed; `--fresh` deletes the demo runs
    (and only those) and trains them again.
 4. Stopping the supervisor (Ctrl-C on `policylens demo`, or SIGTERM) sends SIGINT to every training process:
@@ -176,12 +176,6 @@ def _train_command(run: DemoRun, logs_dir: Path, resume: bool, train_args: list[
     ]  # fmt: skip
 
 
-def _warm_start_command(logs_dir: Path, train_args: list[str]) -> list[str]:
-    progress_file = _demo_dir(logs_dir) / WARM_START_PROGRESS
-    return [sys.executable, "-m", "engine.cli", "warmstart", "--logs-dir", str(logs_dir), "--task", DEMO_TASK,
-            "--progress-file", str(progress_file), *train_args]
-
-
 def _supervise(logs_dir: Path, fresh: bool, train_args: list[str]) -> int:
     """Train the demo runs: the shared warm start first, on every core, then all runs side by side."""
     demo_dir = _demo_dir(logs_dir)
@@ -216,19 +210,25 @@ def _supervise(logs_dir: Path, fresh: bool, train_args: list[str]) -> int:
             shutil.rmtree(logs_dir / run.name)
         todo.append((run, resumable))
 
-    # The warm start runs alone with every thread (on 2 cores about 1.25x faster than with one), then the runs
-    # share the cores, one thread each: on a tiny model one thread per process wastes the least.
-    phases = [[_warm_start_command(logs_dir, train_args)]] if any(not resume for _, resume in todo) else []
-    phases.append([_train_command(run, logs_dir, resume, train_args) for run, resume in todo])
-    failures = 0
-    for phase, commands in enumerate(phases):
-        env = one_thread if phase == len(phases) - 1 else None
-        for command in commands:
-            if not stopping:
-                children.append(subprocess.Popen(command, env=env))
-        for child in children:
-            failures += child.wait() != 0
-        children.clear()
+    # The first new run builds the shared warm start alone, on every core (about 1.25x faster than one thread on 2
+    # cores), reporting its SFT progress for the dashboard, then trains on one thread. The other runs start once it
+    # has logged its first step: they find the warm start cached and all train side by side, one thread each (on a
+    # tiny model one thread per process wastes the least).
+    todo.sort(key=lambda item: item[1])  # new runs first
+    builder = todo[0][0] if todo and not todo[0][1] else None
+    progress_file = demo_dir / WARM_START_PROGRESS
+    for run, resume in todo:
+        if stopping:
+            break
+        command = _train_command(run, logs_dir, resume, train_args)
+        if run is builder:
+            command += ["--warm-start-threads", "0", "--warm-start-progress", str(progress_file)]
+        children.append(subprocess.Popen(command, env=one_thread))
+        if run is builder:
+            while not stopping and children[-1].poll() is None and _demo_run_infos(logs_dir).get(
+                    run.name, {}).get("last_step") is None:
+                time.sleep(0.5)
+    failures = sum(child.wait() != 0 for child in children)
     (demo_dir / "pid").unlink(missing_ok=True)
     return 1 if failures and not stopping else 0
 

@@ -286,6 +286,22 @@ def _warm_start(task, tokenizer, model, sft: SFTConfig, seed: int, device: torch
 # ---------------------------------------------------------------- loading: cache and local models
 
 
+def sft_progress_reporter(progress_file: str | os.PathLike | None = None, print_every: int = 100):
+    """A `progress(step, steps, loss)` callback for `warm_start`: prints a line every `print_every` steps (and at
+    the end) and, with `progress_file`, keeps {step, steps, loss} in that JSON file (written whole, then renamed,
+    so a reader never sees half a file). What the demo's progress bar reads."""
+
+    def report(step: int, steps: int, loss: float) -> None:
+        if print_every and (step % print_every == 0 or step == steps):
+            print(f"sft step {step:5d}/{steps} loss {loss:.4f}", flush=True)
+        if progress_file is not None:
+            tmp = f"{progress_file}.tmp"
+            Path(tmp).write_text(json.dumps({"step": step, "steps": steps, "loss": loss}))
+            os.replace(tmp, progress_file)
+
+    return report
+
+
 def warm_start_key(task: Task, model_config: ModelConfig, sft: SFTConfig, seed: int, device_type: str) -> str:
     """Hash of everything the warm-started weights depend on (task, split sizes, seeds, configs, device type)."""
     sft_fields = {k: v for k, v in asdict(sft).items() if k != "num_threads"}

@@ -375,15 +375,25 @@ class _StopFlag:
             signal.signal(signal.SIGINT, self.previous)
 
 
-def load_models(cfg: TrainConfig, task, device: torch.device, cache_dir: str | Path | None, progress=None):
+def default_warm_start_threads() -> int:
+    """Threads for a warm start that has the machine to itself: one per core it may use, at most 4 (the model is
+    tiny). Counted from the OS, not from torch, whose default follows OMP_NUM_THREADS."""
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    return min(4, cores)
+
+
+def load_models(cfg: TrainConfig, task, device: torch.device, cache_dir: str | Path | None, progress=None,
+                sft_threads: int | None = None):
     """(policy, reference, tokenizer, description): the warm start (or --model DIR) and a frozen copy as pi_ref.
 
-    `progress(step, steps, loss)` follows the warm start's SFT when it has to be trained (engine.policy.warm_start).
+    `progress(step, steps, loss)` follows the warm start's SFT when it has to be trained (engine.policy.warm_start),
+    on `sft_threads` threads (default: the current torch setting; the setting is restored afterwards).
     """
     from engine import policy as pol
 
-    # The warm start uses the trainer's thread count: two threads on a busy 2-core machine run 10x slower than one.
-    sft = pol.SFTConfig(num_threads=torch.get_num_threads())
+    # By default the warm start uses the trainer's thread count: two threads on a busy 2-core machine run 10x
+    # slower than one; only a warm start alone on the machine should take more (sft_threads).
+    sft = pol.SFTConfig(num_threads=sft_threads or torch.get_num_threads())
     if cfg.sft_steps is not None:
         sft = dataclasses.replace(sft, steps=cfg.sft_steps, warmup_steps=min(sft.warmup_steps, cfg.sft_steps))
     model, tokenizer, desc = pol.load_policy(task, model_dir=cfg.model, cache_dir=cache_dir, seed=cfg.task_seed,
@@ -395,11 +405,14 @@ def load_models(cfg: TrainConfig, task, device: torch.device, cache_dir: str | P
 
 
 def train(cfg: TrainConfig, run_name: str, logs_dir: str | Path = "logs", *, resume: bool = False,
-          cache_dir: str | Path | None = None, progress: bool = True, num_threads: int | None = None) -> str:
+          cache_dir: str | Path | None = None, progress: bool = True, num_threads: int | None = None,
+          warm_start_threads: int | None = None, warm_start_progress: str | Path | None = None) -> str:
     """Train (or resume) the run `run_name` under `logs_dir`; returns the final status.
 
     `cache_dir` holds the warm-started models (default `<logs_dir>/.cache`). On resume, `cfg` is the run's saved
-    config (with any overrides, e.g. more steps) and training continues after the last checkpoint.
+    config (with any overrides, e.g. more steps) and training continues after the last checkpoint. When the warm
+    start is not cached yet it trains on `warm_start_threads` threads (None: `num_threads`; 0: one per core, at most
+    4) and reports its SFT progress into the JSON file `warm_start_progress` (engine.policy.sft_progress_reporter).
     """
     from tqdm import tqdm
 
@@ -418,7 +431,12 @@ def train(cfg: TrainConfig, run_name: str, logs_dir: str | Path = "logs", *, res
 
     # ------------------------------------------------------------------ setup
     task = get_task(cfg.task, seed=cfg.task_seed)
-    policy, ref, tokenizer, model_desc = load_models(cfg, task, device, cache_dir)
+    from engine.policy import sft_progress_reporter
+
+    sft_threads = default_warm_start_threads() if warm_start_threads == 0 else warm_start_threads
+    policy, ref, tokenizer, model_desc = load_models(
+        cfg, task, device, cache_dir, sft_threads=sft_threads,
+        progress=sft_progress_reporter(warm_start_progress, print_every=0) if warm_start_progress else None)
     need_ref = cfg.log_tokens or bool(cfg.beta)
     tt = TokenText(tokenizer)
     eval_problems = list(task.heldout[: cfg.eval_size])

@@ -56,10 +56,12 @@ def test_demo_trains_all_runs_then_reuses_them(tmp_path):
     progress = demo.demo_progress(logs)
     assert progress["running"] is False and progress["fraction"] == 1.0
     assert {(r["steps_done"], r["steps"]) for r in progress["runs"]} == {(2, 2)}
-    # The warm start was built once, before the runs, which all found it in the cache.
+    # The first run built the warm start (reporting its progress), alone; the other four started after it and
+    # found it in the cache.
     assert progress["warm_start"]["step"] == progress["warm_start"]["steps"] == TINY["sft_steps"]
     (cached,) = cache.glob("warmstart-*")
-    assert all(f"cached {cached.name}" in run["model"] for run in list_runs(logs))
+    found_cached = {run["run"]: f"cached {cached.name}" in run["model"] for run in list_runs(logs)}
+    assert found_cached == {run.name: run is not demo.DEMO_RUNS[0] for run in demo.DEMO_RUNS}
 
     # Asked again: nothing is retrained (same run ids, same steps).
     demo.start_demo(logs, train_args=tiny_train_args(cache, steps=2))
