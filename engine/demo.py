@@ -176,8 +176,13 @@ def _train_command(run: DemoRun, logs_dir: Path, resume: bool, train_args: list[
     ]  # fmt: skip
 
 
+def _has_logged_a_step(logs_dir: Path, run: DemoRun) -> bool:
+    """Whether the run has logged any step (its warm start is then built and cached)."""
+    return _demo_run_infos(logs_dir).get(run.name, {}).get("last_step") is not None
+
+
 def _supervise(logs_dir: Path, fresh: bool, train_args: list[str]) -> int:
-    """Train the demo runs: the shared warm start first, on every core, then all runs side by side."""
+    """Train the demo runs: the first new run alone until it has built the shared warm start, then all side by side."""
     demo_dir = _demo_dir(logs_dir)
     demo_dir.mkdir(parents=True, exist_ok=True)
     (demo_dir / "pid").write_text(str(os.getpid()))
@@ -223,11 +228,10 @@ def _supervise(logs_dir: Path, fresh: bool, train_args: list[str]) -> int:
         command = _train_command(run, logs_dir, resume, train_args)
         if run is builder:
             command += ["--warm-start-threads", "0", "--warm-start-progress", str(progress_file)]
-        children.append(subprocess.Popen(command, env=one_thread))
-        if run is builder:
-            while not stopping and children[-1].poll() is None and _demo_run_infos(logs_dir).get(
-                    run.name, {}).get("last_step") is None:
-                time.sleep(0.5)
+        child = subprocess.Popen(command, env=one_thread)
+        children.append(child)
+        while run is builder and not stopping and child.poll() is None and not _has_logged_a_step(logs_dir, run):
+            time.sleep(0.5)
     failures = sum(child.wait() != 0 for child in children)
     (demo_dir / "pid").unlink(missing_ok=True)
     return 1 if failures and not stopping else 0
