@@ -136,16 +136,13 @@ def run_warmstart(args: argparse.Namespace) -> int:
     if cfg.model is not None:
         return _fail("warmstart", f"--model {cfg.model} is used as it is; only the built-in model has a warm start")
 
-    import torch
-
     from engine.policy import greedy_accuracy, sft_progress_reporter
     from engine.tasks import get_task
-    from engine.train import default_warm_start_threads, load_models, resolve_device
+    from engine.train import load_models, resolve_device
 
-    torch.set_num_threads(args.threads or default_warm_start_threads())
     task = get_task(cfg.task, seed=cfg.task_seed)
     cache_dir = args.cache_dir or Path(args.logs_dir) / ".cache"
-    model, _, tokenizer, desc = load_models(cfg, task, resolve_device(cfg.device), cache_dir,
+    model, _, tokenizer, desc = load_models(cfg, task, resolve_device(cfg.device), cache_dir, sft_threads=args.threads,
                                             progress=sft_progress_reporter(args.progress_file))
     problems = list(task.heldout[: cfg.eval_size])
     accuracy = greedy_accuracy(model, tokenizer, task, problems, cfg.max_new_tokens)

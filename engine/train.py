@@ -387,15 +387,17 @@ def load_models(cfg: TrainConfig, task, device: torch.device, cache_dir: str | P
     """(policy, reference, tokenizer, description): the warm start (or --model DIR) and a frozen copy as pi_ref.
 
     `progress(step, steps, loss)` follows the warm start's SFT when it has to be trained (engine.policy.warm_start),
-    on `sft_threads` threads (default: the current torch setting; the setting is restored afterwards).
+    on `sft_threads` threads (None: the current torch setting; 0: default_warm_start_threads(); the setting is
+    restored afterwards).
     """
     from engine import policy as pol
 
     # By default the warm start uses the trainer's thread count: two threads on a busy 2-core machine run 10x
     # slower than one; only a warm start alone on the machine should take more (sft_threads).
-    sft = pol.SFTConfig(num_threads=sft_threads or torch.get_num_threads())
-    if cfg.sft_steps is not None:
-        sft = dataclasses.replace(sft, steps=cfg.sft_steps, warmup_steps=min(sft.warmup_steps, cfg.sft_steps))
+    if sft_threads is None:
+        sft_threads = torch.get_num_threads()
+    sft = pol.SFTConfig(num_threads=sft_threads or default_warm_start_threads())
+    sft = dataclasses.replace(sft, steps=cfg.sft_steps, warmup_steps=min(sft.warmup_steps, cfg.sft_steps))
     model, tokenizer, desc = pol.load_policy(task, model_dir=cfg.model, cache_dir=cache_dir, seed=cfg.task_seed,
                                              model_config=model_config(cfg.model_size), sft=sft, device=device,
                                              progress=progress)
@@ -433,9 +435,8 @@ def train(cfg: TrainConfig, run_name: str, logs_dir: str | Path = "logs", *, res
     task = get_task(cfg.task, seed=cfg.task_seed)
     from engine.policy import sft_progress_reporter
 
-    sft_threads = default_warm_start_threads() if warm_start_threads == 0 else warm_start_threads
     policy, ref, tokenizer, model_desc = load_models(
-        cfg, task, device, cache_dir, sft_threads=sft_threads,
+        cfg, task, device, cache_dir, sft_threads=warm_start_threads,
         progress=sft_progress_reporter(warm_start_progress, print_every=0) if warm_start_progress else None)
     need_ref = cfg.log_tokens or bool(cfg.beta)
     tt = TokenText(tokenizer)
