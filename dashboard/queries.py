@@ -163,6 +163,38 @@ def update_count(logs_dir: str, run: str, step: int, rollout_ids: tuple[int, ...
 
 
 @st.cache_data(ttl=STEP_TTL, show_spinner=False)
+def step_pass_summary(logs_dir: str, run: str, step: int) -> pd.DataFrame:
+    """One row per optimisation pass of a step: tokens trained on, fraction clipped low / high / by a dual clip or
+    cap (the report's column names match `charts.clip_fractions`), mean |gradient weight| and |ratio - 1|."""
+    return sql(
+        logs_dir,
+        """SELECT "pass", count(*) AS tokens, avg((clip = 1)::DOUBLE) AS low, avg((clip = 2)::DOUBLE) AS high,
+                  avg((clip = 3)::DOUBLE) AS "dual / cap", avg(abs(grad_weight)) AS mean_abs_grad_weight,
+                  avg(abs(ratio - 1)) AS mean_abs_ratio_change
+           FROM token_passes WHERE run = ? AND step = ? GROUP BY "pass" ORDER BY "pass" """,
+        [run, step],
+    )
+
+
+@st.cache_data(ttl=STEP_TTL, show_spinner=False)
+def rollout_total_weights(logs_dir: str, run: str, step: int) -> pd.DataFrame:
+    """Each trained rollout of a step: its length, advantage and the sum of its tokens' gradient weights in the last
+    pass that used it."""
+    return sql(
+        logs_dir,
+        """WITH last AS (SELECT rollout_id, max("pass") AS last_pass FROM token_passes
+                         WHERE run = ? AND step = ? GROUP BY rollout_id)
+           SELECT r.rollout_id, r.length, r.advantage, sum(p.grad_weight) AS total_weight
+           FROM token_passes p
+           JOIN last l ON l.rollout_id = p.rollout_id AND l.last_pass = p."pass"
+           JOIN rollouts r ON r.run = p.run AND r.step = p.step AND r.rollout_id = p.rollout_id
+           WHERE p.run = ? AND p.step = ?
+           GROUP BY r.rollout_id, r.length, r.advantage ORDER BY r.rollout_id""",
+        [run, step, run, step],
+    )
+
+
+@st.cache_data(ttl=STEP_TTL, show_spinner=False)
 def tokens_at_update(logs_dir: str, run: str, step: int, rollout_ids: tuple[int, ...], update: int) -> pd.DataFrame:
     """Tokens of some rollouts, each with the values of its `update`-th pass (0-based; -1 = its last one).
 

@@ -362,6 +362,47 @@ def run_export(args: argparse.Namespace) -> int:
     return 0
 
 
+# ---------------------------------------------------------------- report
+
+
+def add_report_command(subparsers) -> None:
+    parser = subparsers.add_parser(
+        "report", help="write one run into a self-contained HTML file to send (no server, no network)",
+        description="One HTML file with the run's config, curves, one step's groups, one rollout token by token and "
+        "the step's clipping summary; it opens in any browser without Python, a server or a network.",
+    )
+    _add_logs_dir(parser)
+    parser.add_argument("run", help="run name (see `policylens runs`)")
+    parser.add_argument("-o", "--output", required=True, metavar="FILE",
+                        help="the HTML file to write, e.g. run.html (replaced if it exists)")
+    parser.add_argument("--step", type=int, help="the step to show (default: the run's last step)")
+    parser.add_argument("--rollout", type=int, metavar="ID",
+                        help="the rollout shown token by token (default: the step's trained rollout with the "
+                        "largest |advantage|)")
+    parser.set_defaults(func=run_report)
+
+
+def run_report(args: argparse.Namespace) -> int:
+    import duckdb
+    from streamlit.logger import set_log_level
+
+    from engine.runlog import RunLogError, validate_run_name
+
+    set_log_level("error")  # the dashboard's cached queries warn that no Streamlit server runs; none is needed
+    from dashboard.report import ReportError, build_report, write_report
+
+    if not Path(args.logs_dir).is_dir():
+        return _fail("report", f"no logs folder {args.logs_dir}")
+    try:
+        validate_run_name(args.run, args.logs_dir)
+        text = build_report(args.logs_dir, args.run, args.step, args.rollout)
+        size = write_report(text, args.output)
+    except (ReportError, RunLogError, duckdb.Error, OSError) as err:
+        return _fail("report", err)
+    print(f"wrote the report of run {args.run!r} to {args.output} ({size / 1e6:.1f} MB)")
+    return 0
+
+
 # ---------------------------------------------------------------- dashboard
 
 
@@ -500,6 +541,7 @@ def build_parser() -> argparse.ArgumentParser:
         add_runs_command,
         add_sql_command,
         add_export_command,
+        add_report_command,
         add_dashboard_command,
         add_demo_command,
     ):

@@ -1,0 +1,284 @@
+"""A run as one self-contained HTML file, for a reader without Python: `policylens report RUN -o run.html`.
+
+The file holds the run's config, its metric curves, one step's groups, one rollout token by token (hover a token
+for its values) and the step's clipping and gradient-weight summary. It needs no server and makes no request:
+plotly's JavaScript is embedded once and every figure's data is inline.
+
+Nothing here draws by itself: the figures are the dashboard's (`dashboard.charts`), the tokens are rendered by the
+token inspector's `token_heatmap_html`, and the data come from the dashboard's queries, so the report shows what
+the app shows. Every logged string is escaped (`html.escape`) before it touches markup, and the page's Content
+Security Policy runs only the report's own scripts (each carries a per-file nonce) and allows no network access, so
+a completion such as `<script>...</script>` is shown as those characters and could not run or call out even if an
+escape were missed.
+"""
+
+from __future__ import annotations
+
+import html
+import json
+import math
+import os
+import secrets
+import tempfile
+from pathlib import Path
+
+import pandas as pd
+import plotly.io as pio
+from plotly.offline import get_plotlyjs
+
+from dashboard import charts, queries
+from dashboard.tokens import CHANNELS, CLIP_NAMES, token_heatmap_html
+
+# Numbers of the chosen step shown at the top: (column of the `steps` view, label).
+KEY_METRICS = [
+    ("reward_mean", "reward (mean)"), ("accuracy", "train accuracy"), ("entropy", "entropy"),
+    ("kl", "KL to reference"), ("clip_low_frac", "clip low fraction"), ("clip_high_frac", "clip high fraction"),
+    ("response_len_mean", "response length (mean)"), ("groups_filtered", "filtered groups"), ("loss", "loss"),
+]
+GROUP_COLUMNS = ["group_id", "prompt", "answer", "size", "reward_mean", "reward_std", "accuracy", "length_mean",
+                 "outcome", "filtered", "filter_reason"]
+COMPLETION_COLUMNS = ["rollout_id", "index_in_group", "completion", "reward", "advantage", "length", "truncated",
+                      "filtered"]
+PLOT_CONFIG = {"displaylogo": False, "responsive": True}
+STYLE = """
+body { font-family: system-ui, -apple-system, "Segoe UI", sans-serif; margin: 24px auto; max-width: 1200px;
+       padding: 0 16px; color: #222; }
+h1 { font-size: 24px; } h2 { font-size: 19px; margin-top: 32px; border-bottom: 1px solid #ddd; }
+table { border-collapse: collapse; font-size: 13px; margin: 8px 0; }
+th, td { border: 1px solid #ddd; padding: 3px 7px; text-align: left; vertical-align: top; }
+td.num { text-align: right; font-variant-numeric: tabular-nums; }
+td.text { white-space: pre-wrap; font-family: ui-monospace, Menlo, Consolas, monospace; }
+.meta { color: #555; } details { margin: 6px 0; } summary { cursor: pointer; }
+"""
+
+
+class ReportError(ValueError):
+    """The report cannot be made as asked (unknown run, step not logged, ...): the message says what is accepted."""
+
+
+def _cell(value) -> tuple[str, str]:
+    """(css class, escaped text) of one table cell."""
+    if hasattr(value, "item") and not isinstance(value, str):  # numpy scalars
+        value = value.item()
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        return "num", "–"
+    if isinstance(value, bool):
+        return "", "yes" if value else "no"
+    if isinstance(value, float):
+        return "num", f"{value:.4g}"
+    if isinstance(value, int):
+        return "num", str(value)
+    return "text", html.escape(str(value))
+
+
+def html_table(frame: pd.DataFrame) -> str:
+    """A DataFrame as an HTML table; every cell escaped, numbers to 4 significant digits."""
+    head = "".join(f"<th>{html.escape(str(c))}</th>" for c in frame.columns)
+    rows = []
+    for record in frame.itertuples(index=False):
+        cells = (_cell(v) for v in record)
+        rows.append("<tr>" + "".join(f'<td class="{cls}">{text}</td>' for cls, text in cells) + "</tr>")
+    return f"<table><thead><tr>{head}</tr></thead><tbody>{''.join(rows)}</tbody></table>"
+
+
+class _Page:
+    """The report being assembled: HTML pieces, and figures turned into nonce-carrying scripts."""
+
+    def __init__(self) -> None:
+        self.nonce = secrets.token_urlsafe(16)
+        self.parts: list[str] = []
+        self.figures = 0
+
+    def add(self, markup: str) -> None:
+        self.parts.append(markup)
+
+    def figure(self, figure) -> None:
+        """A plotly figure drawn from inline data. plotly's JSON writer escapes '<', '>' and '/', so no text in
+        the data can close the script element."""
+        self.figures += 1
+        div = f"pl-figure-{self.figures}"
+        data = pio.to_json(figure, validate=False)
+        self.add(f'<div id="{div}" class="pl-figure"></div><script nonce="{self.nonce}">(function () {{'
+                 f"var f = {data}; Plotly.newPlot({json.dumps(div)}, f.data, f.layout, {json.dumps(PLOT_CONFIG)});"
+                 "})();</script>")
+
+    def html(self, title: str) -> str:
+        policy = (f"default-src 'none'; script-src 'nonce-{self.nonce}'; style-src 'unsafe-inline'; "
+                  "img-src data: blob:; font-src data:")
+        return (
+            "<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">"
+            f'<meta http-equiv="Content-Security-Policy" content="{policy}">'
+            f"<title>{html.escape(title)}</title><style>{STYLE}</style>"
+            f'<script nonce="{self.nonce}">{get_plotlyjs()}</script></head><body>'
+            + "".join(self.parts) + "</body></html>\n"
+        )
+
+
+def _run_row(logs_dir: str, run: str) -> pd.Series:
+    runs = queries.runs_table(logs_dir)
+    found = runs[runs["run"] == run]
+    if found.empty:
+        known = ", ".join(runs["run"]) or "none"
+        raise ReportError(f"no run {run!r} in {logs_dir} (runs: {known})")
+    return found.iloc[0]
+
+
+def _choose_step(logs_dir: str, run: str, version: tuple, step: int | None) -> int:
+    steps = queries.step_numbers(logs_dir, run, version)
+    if not steps:
+        raise ReportError(f"run {run!r} has not logged any step yet")
+    if step is None:
+        return steps[-1]
+    if step not in steps:
+        listed = f"{steps[0]}..{steps[-1]}" if steps == list(range(steps[0], steps[-1] + 1)) else str(steps)
+        raise ReportError(f"run {run!r} has no step {step}; logged steps: {listed}")
+    return step
+
+
+def _choose_rollout(rollouts: pd.DataFrame, rollout_id: int | None, step: int) -> pd.Series:
+    """The asked rollout, or by default the trained one with the largest |advantage| (it moved the policy most)."""
+    if rollout_id is not None:
+        found = rollouts[rollouts["rollout_id"] == rollout_id]
+        if found.empty:
+            raise ReportError(f"step {step} has no rollout {rollout_id}; its rollouts are "
+                              f"{int(rollouts['rollout_id'].min())}..{int(rollouts['rollout_id'].max())}")
+        return found.iloc[0]
+    train = rollouts[(rollouts["kind"] == "train") & ~rollouts["filtered"].fillna(False).astype(bool)]
+    pool = train if len(train) else rollouts
+    return pool.loc[pool["advantage"].abs().fillna(0).idxmax()]
+
+
+def _flat_config(config) -> pd.DataFrame:
+    try:
+        parsed = json.loads(config) if isinstance(config, str) else dict(config or {})
+    except (TypeError, ValueError):
+        parsed = {}
+    flat = pd.json_normalize(parsed, sep=".").iloc[0].to_dict() if parsed else {}
+    return pd.DataFrame({"field": list(flat), "value": [json.dumps(v) if isinstance(v, (list, dict)) else v
+                                                       for v in flat.values()]})
+
+
+def build_report(logs_dir: str, run: str, step: int | None = None, rollout_id: int | None = None,
+                 channel: str = "advantage") -> str:
+    """The report of `run` at `step` (default: its last step) as one HTML document.
+
+    `rollout_id` picks the rollout shown token by token (default: the step's trained rollout with the largest
+    |advantage|); `channel` colours it first (the other channels follow, folded). Raises ReportError.
+    """
+    if channel not in CHANNELS:
+        raise ReportError(f"unknown channel {channel!r}; channels: {', '.join(CHANNELS)}")
+    info = _run_row(logs_dir, run)
+    version = (info["last_step"], info["status"], info["updated_at"])
+    step = _choose_step(logs_dir, run, version, step)
+    steps = queries.run_steps(logs_dir, (run,), version)
+    rollouts = queries.step_rollouts(logs_dir, run, step)
+    if rollouts.empty:
+        raise ReportError(f"step {step} of run {run!r} has no rollouts")
+    rollout = _choose_rollout(rollouts, rollout_id, step)
+
+    page = _Page()
+    page.add(f"<h1>PolicyLens run {html.escape(run)}</h1>")
+    last = int(steps["step"].max())
+    page.add(f'<p class="meta">{html.escape(str(info["algorithm"]))} · task {html.escape(str(info["task"]))} · '
+             f'{html.escape(str(info["status"]))} · steps {int(steps["step"].min())}..{last} · '
+             f"this report looks at step {step} · model: {html.escape(str(info['model']))}</p>")
+    _key_numbers(page, steps, step)
+    page.add("<h2>Curves</h2>")
+    page.figure(charts.metric_curves(steps))
+    _groups(page, logs_dir, run, step, rollouts)
+    _rollout(page, logs_dir, run, step, rollout, channel)
+    _clipping(page, logs_dir, run, step, str(info["algorithm"]))
+    page.add("<h2>Config</h2>")
+    page.add(html_table(_flat_config(info["config"])))
+    return page.html(f"PolicyLens · {run} · step {step}")
+
+
+def _key_numbers(page: _Page, steps: pd.DataFrame, step: int) -> None:
+    row = steps[steps["step"] == step].iloc[0]
+    numbers = [(label, row[col]) for col, label in KEY_METRICS if col in row.index and pd.notna(row[col])]
+    evaluated = steps[(steps["step"] <= step) & steps["heldout_accuracy"].notna()]
+    if len(evaluated):
+        latest = evaluated.iloc[-1]
+        numbers.insert(0, (f"held-out accuracy (greedy, step {int(latest['step'])})", latest["heldout_accuracy"]))
+    page.add(f"<h2>Step {step}</h2>")
+    page.add(html_table(pd.DataFrame(numbers, columns=["metric", "value"])))
+
+
+def _groups(page: _Page, logs_dir: str, run: str, step: int, rollouts: pd.DataFrame) -> None:
+    train = rollouts[rollouts["kind"] == "train"]
+    groups = queries.group_summary(logs_dir, run, step)
+    page.add(f"<h2>Groups of step {step}</h2>")
+    page.figure(charts.step_distributions(train, f" at step {step}"))
+    if groups.empty:
+        page.add("<p>No train groups at this step.</p>")
+        return
+    page.add(html_table(groups[[c for c in GROUP_COLUMNS if c in groups.columns]]))
+    for group in groups.itertuples(index=False):
+        members = train[train["group_id"] == group.group_id].sort_values("index_in_group")
+        page.add(f"<details><summary>group {int(group.group_id)} · {html.escape(str(group.outcome))} · reward mean "
+                 f"{group.reward_mean:.3f}: {html.escape(str(group.prompt))}</summary>"
+                 f"{html_table(members[COMPLETION_COLUMNS])}</details>")
+
+
+def _rollout(page: _Page, logs_dir: str, run: str, step: int, rollout: pd.Series, channel: str) -> None:
+    rollout_id = int(rollout["rollout_id"])
+    passes = queries.rollout_passes(logs_dir, run, step, rollout_id)
+    pass_ = passes[-1] if passes else None
+    tokens = queries.rollout_tokens(logs_dir, run, step, (rollout_id,), pass_)
+    where = (f"group {int(rollout['group_id'])} #{int(rollout['index_in_group'])}" if rollout["kind"] == "train"
+             else f"eval prompt {int(rollout['prompt_id'])}")
+    page.add(f"<h2>Rollout {rollout_id}, token by token</h2>")
+    page.add(f'<p class="meta">{where} · reward {rollout["reward"]:.4g} · advantage {rollout["advantage"]:+.4g} · '
+             f'{int(rollout["length"])} tokens · '
+             + (f"values of optimisation pass {pass_}" if pass_ is not None else "no optimisation pass used it")
+             + " · hover a token for all its values</p>")
+    page.add(f'<p>Prompt</p><pre class="pl-prompt">{html.escape(str(rollout["prompt"]))}</pre>'
+             f'<p class="meta">Reference answer: {html.escape(str(rollout["answer"]))}</p>')
+    if tokens.empty:
+        page.add("<p>No tokens logged for this rollout.</p>")
+        return
+    logged = [name for name, c in CHANNELS.items() if c.column in tokens.columns and tokens[c.column].notna().any()]
+    order = [channel] + [name for name in logged if name != channel]
+    for name in order:
+        page.add(f"<details{' open' if name == channel else ''}><summary>coloured by "
+                 f"{html.escape(CHANNELS[name].label)}</summary>{token_heatmap_html(tokens, name)}</details>")
+    if "clip" in tokens.columns and tokens["clip"].notna().any():
+        counts = tokens["clip"].fillna(0).astype(int).value_counts()
+        page.add("<p>Clip events in this pass: "
+                 + ", ".join(f"{CLIP_NAMES[c]} {counts.get(c, 0)}" for c in (1, 2, 3)) + "</p>")
+    page.figure(charts.token_channel_heatmap(tokens, logged))
+
+
+def _clipping(page: _Page, logs_dir: str, run: str, step: int, algorithm: str) -> None:
+    page.add(f"<h2>Clipping and gradient weight at step {step}</h2>")
+    passes = queries.step_pass_summary(logs_dir, run, step)
+    if passes.empty:
+        page.add("<p>No optimisation pass was logged at this step.</p>")
+        return
+    page.add("<p>Per optimisation pass, over the tokens it trained on: the fraction clipped low, high and by a dual "
+             "clip or cap, and the mean |gradient weight| (−∂loss/∂log π per token).</p>")
+    page.add(html_table(passes))
+    page.figure(charts.clip_fractions(passes.assign(algorithm=[f"pass {p}" for p in passes["pass"]])))
+    totals = queries.rollout_total_weights(logs_dir, run, step)
+    page.add("<p>Each trained completion's summed gradient weight (its last pass) against its length.</p>")
+    page.figure(charts.total_weight_vs_length(
+        totals.assign(algorithm=algorithm, completion=[f"rollout {r}" for r in totals["rollout_id"]])))
+
+
+def write_report(text: str, path: str | os.PathLike) -> int:
+    """Write the report atomically (a failure leaves any previous file whole); returns its size in bytes."""
+    path = Path(path)
+    if path.is_dir():
+        raise ReportError(f"{path} is a folder; give a file name such as {path / 'report.html'}")
+    if not path.parent.is_dir():
+        raise ReportError(f"no folder {path.parent} to write {path.name} into")
+    data = text.encode("utf-8")
+    handle, temporary = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(handle, "wb") as out:
+            out.write(data)
+        os.replace(temporary, path)
+    except BaseException:
+        Path(temporary).unlink(missing_ok=True)
+        raise
+    return len(data)
