@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import functools
+
 import streamlit as st
 
-from dashboard import charts, common, queries
+from dashboard import charts, common, queries, report
 from dashboard.tokens import CHANNELS, CLIP_NAMES, token_heatmap_html
 
 selection = common.require_selection()
@@ -49,6 +51,13 @@ else:
     right.caption("No optimisation pass used this rollout (eval rollouts are never trained on).")
 for key, value in (("rollout", rollout_id), ("channel", channel), ("pass", pass_)):
     common.set_url_value(key, value)
+
+# Built only when clicked (a callable), as the report embeds plotly's JavaScript (~5 MB).
+st.download_button("Download a report of this step", functools.partial(report.build_report, logs, run, step,
+                   rollout_id, channel), file_name=f"{run}-step{step}.html", mime="text/html", on_click="ignore",
+                   icon=":material/download:", help="One HTML file with the run's curves and config, this step's "
+                   "groups and this rollout token by token: it opens in any browser, without Python or a network. "
+                   "Same as `policylens report RUN --step N --rollout ID`.")
 
 rollout = by_id.loc[rollout_id]
 tokens = common.load("the tokens", queries.rollout_tokens, logs, run, step, (rollout_id,), pass_)
