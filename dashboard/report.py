@@ -19,7 +19,6 @@ import json
 import math
 import os
 import secrets
-import tempfile
 from pathlib import Path
 
 import pandas as pd
@@ -273,12 +272,13 @@ def write_report(text: str, path: str | os.PathLike) -> int:
     if not path.parent.is_dir():
         raise ReportError(f"no folder {path.parent} to write {path.name} into")
     data = text.encode("utf-8")
-    handle, temporary = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    # Not tempfile.mkstemp: its file is private (0600), and a report is made to be shared.
+    temporary = path.with_name(f".{path.name}.{secrets.token_hex(4)}.tmp")
     try:
-        with os.fdopen(handle, "wb") as out:
+        with open(temporary, "xb") as out:
             out.write(data)
         os.replace(temporary, path)
     except BaseException:
-        Path(temporary).unlink(missing_ok=True)
+        temporary.unlink(missing_ok=True)
         raise
     return len(data)
