@@ -57,9 +57,11 @@ class ReportError(ValueError):
 
 def _cell(value) -> tuple[str, str]:
     """(css class, escaped text) of one table cell."""
-    if hasattr(value, "item") and not isinstance(value, str):  # numpy scalars
+    if isinstance(value, str):
+        return "text", html.escape(value)
+    if hasattr(value, "item"):  # numpy scalars
         value = value.item()
-    if value is None or (isinstance(value, float) and math.isnan(value)):
+    if value is None or value is pd.NA or (isinstance(value, float) and math.isnan(value)):
         return "num", "–"
     if isinstance(value, bool):
         return "", "yes" if value else "no"
@@ -171,9 +173,9 @@ def build_report(logs_dir: str, run: str, step: int | None = None, rollout_id: i
     step = _choose_step(logs_dir, run, version, step)
     steps = queries.run_steps(logs_dir, (run,), version)
     rollouts = queries.step_rollouts(logs_dir, run, step)
-    if rollouts.empty:
-        raise ReportError(f"step {step} of run {run!r} has no rollouts")
-    rollout = _choose_rollout(rollouts, rollout_id, step)
+    if rollouts.empty and rollout_id is not None:
+        raise ReportError(f"step {step} of run {run!r} logged no rollouts")
+    rollout = None if rollouts.empty else _choose_rollout(rollouts, rollout_id, step)
 
     page = _Page()
     page.add(f"<h1>PolicyLens run {html.escape(run)}</h1>")
@@ -184,9 +186,12 @@ def build_report(logs_dir: str, run: str, step: int | None = None, rollout_id: i
     _key_numbers(page, steps, step)
     page.add("<h2>Curves</h2>")
     page.figure(charts.metric_curves(steps))
-    _groups(page, logs_dir, run, step, rollouts)
-    _rollout(page, logs_dir, run, step, rollout, channel)
-    _clipping(page, logs_dir, run, step, str(info["algorithm"]))
+    if rollout is None:
+        page.add(f"<h2>Groups of step {step}</h2><p>No rollouts were logged at this step.</p>")
+    else:
+        _groups(page, logs_dir, run, step, rollouts)
+        _rollout(page, logs_dir, run, step, rollout, channel)
+        _clipping(page, logs_dir, run, step, str(info["algorithm"]))
     page.add("<h2>Config</h2>")
     page.add(html_table(_flat_config(info["config"])))
     return page.html(f"PolicyLens · {run} · step {step}")
