@@ -149,14 +149,11 @@ def _choose_rollout(rollouts: pd.DataFrame, rollout_id: int | None, step: int) -
     return pool.loc[pool["advantage"].abs().fillna(0).idxmax()]
 
 
-def _flat_config(config) -> pd.DataFrame:
-    try:
-        parsed = json.loads(config) if isinstance(config, str) else dict(config or {})
-    except (TypeError, ValueError):
-        parsed = {}
-    flat = pd.json_normalize(parsed, sep=".").iloc[0].to_dict() if parsed else {}
-    return pd.DataFrame({"field": list(flat), "value": [json.dumps(v) if isinstance(v, (list, dict)) else v
-                                                       for v in flat.values()]})
+def _config_table(run: str, config) -> pd.DataFrame:
+    """Every config field of the run (nested keys joined with dots) and its value."""
+    flat = queries.config_diff(pd.DataFrame({"run": [run], "config": [config]}))  # one run: nothing to diff away
+    values = flat[run] if run in flat.columns else pd.Series(dtype=object)
+    return pd.DataFrame({"field": values.index, "value": values.to_numpy()})
 
 
 def build_report(logs_dir: str, run: str, step: int | None = None, rollout_id: int | None = None,
@@ -193,7 +190,7 @@ def build_report(logs_dir: str, run: str, step: int | None = None, rollout_id: i
         _rollout(page, logs_dir, run, step, rollout, channel)
         _clipping(page, logs_dir, run, step, str(info["algorithm"]))
     page.add("<h2>Config</h2>")
-    page.add(html_table(_flat_config(info["config"])))
+    page.add(html_table(_config_table(run, info["config"])))
     return page.html(f"PolicyLens · {run} · step {step}")
 
 
