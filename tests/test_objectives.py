@@ -308,11 +308,13 @@ def test_grpo_kl_term_value_and_gradient():
     torch.testing.assert_close(out.loss, torch.tensor(-1 + 0.04 * k3, dtype=F64))
     torch.testing.assert_close(out.token_loss, torch.tensor([[-1 + 0.04 * k3]], dtype=F64))
     torch.testing.assert_close(out.grad_weight, torch.tensor([[1 + 0.04 * (math.exp(0.1) - 1)]], dtype=F64))
-    # no reference, or beta = 0: no KL
+    # no reference: no KL; beta = 0: the KL is reported (the trainer logs it) but is not in the loss or the weight
     assert policy_loss("grpo", logp, logp.detach(), torch.tensor([1.0], dtype=F64), torch.ones(1, 1)).kl is None
     no_beta = policy_loss("grpo", logp, logp.detach(), torch.tensor([1.0]), torch.ones(1, 1), ref_logp=ref, beta=0.0)
-    assert no_beta.kl is None
+    torch.testing.assert_close(no_beta.kl, torch.tensor([[k3]], dtype=F64))
     torch.testing.assert_close(no_beta.loss, torch.tensor(-1.0, dtype=F64))
+    torch.testing.assert_close(no_beta.token_loss, torch.tensor([[-1.0]], dtype=F64))
+    torch.testing.assert_close(no_beta.grad_weight, torch.tensor([[1.0]], dtype=F64))
 
 
 def test_aspo_entropy_dependent_clip_range():
