@@ -15,7 +15,7 @@ import pandas as pd
 import torch
 
 from engine.logrows import LoggedBatch, batch_from_tokens
-from engine.objectives import ALGORITHMS, CLIP_CAP, CLIP_HIGH, CLIP_LOW, defaults, policy_loss
+from engine.objectives import ALGORITHMS, CLIP_EVENTS, CLIP_NAMES, defaults, policy_loss
 
 __all__ = ["KNOBS", "Weighting", "author_knobs", "batch_from_tokens", "clip_fraction_row", "clip_region",
            "process_sandbox", "weigh"]
@@ -57,8 +57,8 @@ def weigh(batch: LoggedBatch, algo: str, overrides: dict) -> Weighting:
 def clip_fraction_row(algo: str, weighting: Weighting) -> dict:
     codes = weighting.clip[weighting.clip >= 0]
     n = max(1, codes.size)
-    return {"algorithm": algo, "low": (codes == CLIP_LOW).sum() / n, "high": (codes == CLIP_HIGH).sum() / n,
-            "dual / cap": (codes == CLIP_CAP).sum() / n, "zero-gradient tokens": float(
+    return {"algorithm": algo, **{CLIP_NAMES[c]: (codes == c).sum() / n for c in CLIP_EVENTS},
+            "zero-gradient tokens": float(
                 np.isclose(weighting.grad_weight[weighting.clip >= 0], 0).mean()) if codes.size else 0.0}
 
 

@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 import torch
 
-from engine.objectives import CLIP_CAP, CLIP_HIGH, CLIP_LOW, PolicyLossOutput
+from engine.objectives import CLIP_CAP, CLIP_EVENTS, CLIP_HIGH, CLIP_LOW, PolicyLossOutput
 from engine.rollout import Batch, EvalResult, Rollout, TokenText
 
 if TYPE_CHECKING:
@@ -182,7 +182,7 @@ def step_metrics(batch: Batch, records: list[PassRecord], ev: EvalResult | None,
     lm = batch.loss_mask.cpu()  # (B, T)
     n_loss_tokens = max(1.0, float(lm.sum()) * len(records) / cfg.epochs)
     clip_counts = {c: sum(float(((r.clip == c) & (lm[r.idx] > 0)).sum()) for r in records)
-                   for c in (CLIP_LOW, CLIP_HIGH, CLIP_CAP)}
+                   for c in CLIP_EVENTS}
     kls = [float((r.kl * lm[r.idx]).sum() / lm[r.idx].sum().clamp(min=1)) for r in records if r.kl is not None]
     every = batch.rollouts + batch.dropped
     rewards = np.array([r.reward for r in every])

@@ -81,6 +81,7 @@ __all__ = [
     "AGGREGATIONS",
     "ALGORITHMS",
     "CLIP_CAP",
+    "CLIP_EVENTS",
     "CLIP_HIGH",
     "CLIP_LOW",
     "CLIP_NAMES",
@@ -104,6 +105,7 @@ RATIO_LEVELS = ("token", "sequence", "sequence-token", "geometric")
 SURROGATES = ("ppo-clip", "cispo", "aspo", "sapo", "linear")
 
 CLIP_NONE, CLIP_LOW, CLIP_HIGH, CLIP_CAP = 0, 1, 2, 3
+CLIP_EVENTS = (CLIP_LOW, CLIP_HIGH, CLIP_CAP)  # every code but "none"
 CLIP_NAMES = {CLIP_NONE: "none", CLIP_LOW: "low", CLIP_HIGH: "high", CLIP_CAP: "dual / cap"}  # short labels
 
 # SAPO has no hard clip: a token is reported as soft-capped (code 3) when its gate has cut the gradient weight to
