@@ -180,7 +180,7 @@ def step_metrics(batch: Batch, records: list[PassRecord], ev: EvalResult | None,
     passes; KL is the mean per-token k3 KL to pi_ref over the loss tokens of each pass, averaged over passes."""
     tm = batch.token_mask.cpu()  # (B, T)
     lm = batch.loss_mask.cpu()  # (B, T)
-    n_loss_tokens = max(1.0, float(lm.sum()) * len(records) / cfg.epochs)
+    n_loss_tokens = max(1.0, sum(float(lm[r.idx].sum()) for r in records))  # every pass's own loss tokens
     clip_counts = {c: sum(float(((r.clip == c) & (lm[r.idx] > 0)).sum()) for r in records)
                    for c in CLIP_EVENTS}
     kls = [float((r.kl * lm[r.idx]).sum() / lm[r.idx].sum().clamp(min=1)) for r in records if r.kl is not None]
