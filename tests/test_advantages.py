@@ -72,7 +72,7 @@ WORKED_ENDS = [[3, 7, 9], [2, 5, 8]]  # last token of each step
 WORKED_LENGTHS = [10, 9]
 
 
-def test_process_advantages_on_the_seed_example_by_hand():
+def test_process_advantages_on_the_worked_example_by_hand():
     # all six step rewards: mean 1.85 / 6 = 0.308333, unbiased std sqrt(4.042083 / 5) = 0.899120
     # normalized: 0.658050, 0.713660, 0.546830 | 0.658050, -1.232685, -1.343905 (they sum to 0, so the two
     # answers' first-token advantages are opposite)
@@ -81,6 +81,23 @@ def test_process_advantages_on_the_seed_example_by_hand():
     first = [1.918541] * 4 + [1.260490] * 4 + [0.546830] * 2  # steps 1+2+3, steps 2+3, step 3
     second = [-1.918541] * 3 + [-2.576591] * 3 + [-1.343905] * 3 + [0.0]  # last column is padding
     torch.testing.assert_close(out, torch.tensor([first, second], dtype=out.dtype), rtol=0, atol=5e-6)
+
+
+def test_normalized_step_rewards_by_hand_and_as_the_advantages_use_them():
+    from engine.advantages import normalized_step_rewards
+
+    normed = normalized_step_rewards(WORKED_REWARDS)  # the hand values of the test above
+    np.testing.assert_allclose(normed[0], [0.658050, 0.713660, 0.546830], atol=5e-6)
+    np.testing.assert_allclose(normed[1], [0.658050, -1.232685, -1.343905], atol=5e-6)
+    # a step's own term is what its last token has more than the next token
+    out = torch.nn.functional.pad(process_advantages(WORKED_REWARDS, WORKED_ENDS, WORKED_LENGTHS), (0, 1))
+    for i, ends in enumerate(WORKED_ENDS):
+        np.testing.assert_allclose([float(out[i, e] - out[i, e + 1]) for e in ends], normed[i], atol=1e-6)
+    # no signal: exactly 0 (not a rounding residue divided by 1e-6), nesting kept, empty completions allowed
+    assert normalized_step_rewards([[0.1, 0.1], [0.1], []]) == [[0.0, 0.0], [0.0], []]
+    assert normalized_step_rewards([[0.7]]) == [[0.0]]
+    with pytest.raises(ValueError, match="NaN or inf"):
+        normalized_step_rewards([[0.1, float("nan")]])
 
 
 def test_process_advantages_matches_the_formula_with_stdlib_statistics():

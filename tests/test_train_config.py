@@ -118,3 +118,32 @@ def test_sft_steps_default_to_the_tasks_own_and_are_saved_concrete(task):
     assert cfg.to_dict()["sft_steps"] == cfg.sft_steps  # the saved config names the number, not "task default"
     assert TrainConfig(task=task, sft_steps=7).sft_steps == 7
     assert TrainConfig.from_dict(cfg.to_dict()).sft_steps == cfg.sft_steps
+
+
+# ---------------------------------------------------------------- everything derives from engine.objectives
+
+
+@pytest.mark.parametrize("algo", ALGORITHMS)
+def test_every_registry_algorithm_is_a_train_choice_with_its_papers_loop_settings(algo, capsys):
+    from engine.cli import build_parser, main
+    from engine.config import LOOP_DEFAULTS
+    from engine.objectives import OBJECTIVES
+
+    assert main(["train", "--algo", algo, "--print-config"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["algo"] == algo
+    # Loop settings: the registry entry's own, the common defaults for the rest; nothing else decides them.
+    assert {k: out[k] for k in LOOP_DEFAULTS} == {**LOOP_DEFAULTS, **dict(OBJECTIVES[algo].loop)}
+    help_text = " ".join(build_parser()._subparsers._group_actions[0].choices["train"].format_help().split())
+    assert f"Choices: {', '.join(ALGORITHMS)}." in help_text
+
+
+def test_objective_fields_are_every_knob_of_the_registry_and_config_fields():
+    from engine.config import OBJECTIVE_FIELDS
+    from engine.objectives import OBJECTIVES
+
+    knobs = {name for o in OBJECTIVES.values() for name in o.defaults()}
+    assert set(OBJECTIVE_FIELDS) == knobs
+    assert knobs <= {f.name for f in knob_fields()}
+    for o in OBJECTIVES.values():  # a paper's loop setting names a real field
+        assert {k for k, _ in o.loop} <= {f.name for f in knob_fields()}
