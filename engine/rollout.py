@@ -85,8 +85,8 @@ class Rollout:
     @property
     def step_spans(self) -> list[tuple[int, int]]:
         """(first, last) token index of each step: a step starts right after the previous step's last token."""
-        firsts = [0] + [last + 1 for last in self.step_last_token[:-1]]
-        return list(zip(firsts, self.step_last_token, strict=True))
+        firsts = [0] + [last + 1 for last in self.step_last_token]
+        return list(zip(firsts, self.step_last_token, strict=False))  # the last `first` has no step
 
 
 @dataclass
