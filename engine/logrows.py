@@ -61,7 +61,7 @@ def pass_record(idx: torch.Tensor, T: int, logp: torch.Tensor, out: PolicyLossOu
         idx=idx.cpu(), new_logp=_pad_right(logp, T), ratio=_pad_right(out.ratio, T),
         clip=_pad_right(out.clip, T, torch.int8), grad_weight=_pad_right(out.grad_weight, T),
         token_loss=_pad_right(out.token_loss, T), kl=_pad_right(out.kl, T) if out.kl is not None else None,
-        seq_ratio=out.seq_ratio.cpu() if out.seq_ratio is not None else None, loss=float(out.loss),
+        seq_ratio=out.seq_ratio.cpu() if out.seq_ratio is not None else None, loss=float(out.loss.detach()),
         grad_norm=grad_norm,
     )
 
