@@ -6,9 +6,10 @@
     cfg.to_dict()                                               # the fully resolved config saved with the run
 
 A field left at `None` is filled from the algorithm preset when the config is built (`__post_init__`), so the saved
-config always holds concrete numbers. The objective's own hyper-parameters (clip ranges, KL weight, aggregation ...)
-come from `engine.objectives.defaults(algo)`, the single place where the papers' numbers live; this file only adds
-the loop-level settings (passes per batch, dynamic sampling, overlong shaping) that the papers prescribe.
+config always holds concrete numbers. Every number a paper prescribes lives in the registry `engine.objectives`: the
+objective's hyper-parameters (clip ranges, KL weight, aggregation ...: `defaults(algo)`, checked by `resolve`) and the
+loop settings (passes per batch, dynamic sampling, overlong shaping: `loop_defaults(algo)`); this file adds the
+common loop defaults (LOOP_DEFAULTS) and everything that is not an algorithm's.
 
 Every field has a docstring right under it; `field_docs()` reads them so that `policylens train --help` shows the
 same text and every field is a command-line flag (`--eps-high 0.28`, `--no-dynamic-sampling`, ...).
