@@ -63,7 +63,6 @@ LOOP_DEFAULTS: dict[str, Any] = {
 }
 
 
-
 def _objective_fields() -> tuple[str, ...]:
     from engine.objectives import OBJECTIVES
 
