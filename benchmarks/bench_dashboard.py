@@ -115,9 +115,10 @@ def time_functions(logs_dir: Path) -> list[tuple[str, float]]:
     timed("eval_prompt_history", queries.eval_prompt_history, logs, RUN, 0, version)
 
     from dashboard import recompute
+    from engine.objectives import ALGORITHMS
 
     batch = timed("batch_from_tokens (1 group)", recompute.batch_from_tokens, group_tokens)
-    for algo in recompute.WEIGHTING_ALGORITHMS:
+    for algo in ALGORITHMS:
         timed(f"policy_loss {algo} (1 group)", recompute.weigh, batch, algo, {})
     return out
 

@@ -15,6 +15,7 @@ import plotly.graph_objects as go
 from plotly.colors import get_colorscale, qualitative
 
 from dashboard.tokens import CHANNELS, channel_range, visible_text
+from engine.objectives import CLIP_CAP, CLIP_EVENTS, CLIP_HIGH, CLIP_LOW, CLIP_NAMES, CLIP_NONE
 
 # Metric curves shown on the Runs and Replay pages: (column of the `steps` view, title).
 CURVE_METRICS: list[tuple[str, str]] = [
@@ -30,8 +31,7 @@ CURVE_METRICS: list[tuple[str, str]] = [
     ("groups_filtered", "filtered groups"),
 ]
 
-CLIP_COLOURS = {0: "rgba(0,0,0,0)", 1: "#1f77b4", 2: "#d62728", 3: "#9467bd"}
-CLIP_LABELS = {0: "none", 1: "low", 2: "high", 3: "dual / cap"}
+CLIP_COLOURS = {CLIP_NONE: "rgba(0,0,0,0)", CLIP_LOW: "#1f77b4", CLIP_HIGH: "#d62728", CLIP_CAP: "#9467bd"}
 PALETTE = qualitative.Plotly + qualitative.D3
 
 
@@ -276,9 +276,10 @@ def total_weight_vs_length(totals: pd.DataFrame) -> go.Figure:
 
 def clip_fractions(fractions: pd.DataFrame) -> go.Figure:
     """Fraction of tokens each algorithm clips low / high / with its dual cap."""
-    bars = [{"type": "bar", "x": fractions["algorithm"].tolist(), "y": fractions[column].to_numpy(dtype=float),
-             "name": f"clip {column}", "marker": {"color": CLIP_COLOURS[code]}}
-            for code, column in ((1, "low"), (2, "high"), (3, "dual / cap"))]
+    bars = [{"type": "bar", "x": fractions["algorithm"].tolist(),
+             "y": fractions[CLIP_NAMES[code]].to_numpy(dtype=float), "name": f"clip {CLIP_NAMES[code]}",
+             "marker": {"color": CLIP_COLOURS[code]}}
+            for code in CLIP_EVENTS]
     return go.Figure(data=bars, layout={
         "height": 280, "barmode": "group", "margin": {"l": 40, "r": 10, "t": 20, "b": 30},
         "yaxis": {"title": {"text": "fraction of tokens"}, "tickformat": ".0%"},
@@ -297,14 +298,14 @@ def clip_regions(regions: dict[str, dict], scatter: dict[str, pd.DataFrame]) -> 
     grid = Subplots(rows, cols, names, hspace=0.05, vspace=120 / height)
     # A discrete colour scale over the codes 0..3.
     scale = []
-    for code in range(4):
-        colour = CLIP_COLOURS[code] if code else "#f5f5f5"
-        scale += [[code / 4, colour], [(code + 1) / 4, colour]]
+    for code in sorted(CLIP_COLOURS):
+        colour = CLIP_COLOURS[code] if code != CLIP_NONE else "#f5f5f5"
+        scale += [[code / len(CLIP_COLOURS), colour], [(code + 1) / len(CLIP_COLOURS), colour]]
     for i, name in enumerate(names):
         region = regions[name]
-        labels = np.vectorize(CLIP_LABELS.get)(region["clip"])
+        labels = np.vectorize(CLIP_NAMES.get)(region["clip"])
         grid.add(i, {"type": "heatmap", "x": region["ratio"], "y": region["advantage"], "z": region["clip"],
-                     "zmin": 0, "zmax": 4, "colorscale": scale, "showscale": False, "opacity": 0.55,
+                     "zmin": 0, "zmax": len(CLIP_COLOURS), "colorscale": scale, "showscale": False, "opacity": 0.55,
                      "customdata": labels,
                      "hovertemplate": "ratio %{x:.3f}<br>A %{y:.3f}<br>clip %{customdata}<extra></extra>"})
         points = scatter.get(name)

@@ -18,6 +18,8 @@ import json
 import pandas as pd
 import streamlit as st
 
+from engine.objectives import CLIP_CAP, CLIP_HIGH, CLIP_LOW
+
 LIVE_TTL = 2  # seconds; the live watcher polls every 3 s
 RUN_TTL = 60
 STEP_TTL = 600
@@ -168,11 +170,11 @@ def step_pass_summary(logs_dir: str, run: str, step: int) -> pd.DataFrame:
     cap (the report's column names match `charts.clip_fractions`), mean |gradient weight| and |ratio - 1|."""
     return sql(
         logs_dir,
-        """SELECT "pass", count(*) AS tokens, avg((clip = 1)::DOUBLE) AS low, avg((clip = 2)::DOUBLE) AS high,
-                  avg((clip = 3)::DOUBLE) AS "dual / cap", avg(abs(grad_weight)) AS mean_abs_grad_weight,
+        """SELECT "pass", count(*) AS tokens, avg((clip = ?)::DOUBLE) AS low, avg((clip = ?)::DOUBLE) AS high,
+                  avg((clip = ?)::DOUBLE) AS "dual / cap", avg(abs(grad_weight)) AS mean_abs_grad_weight,
                   avg(abs(ratio - 1)) AS mean_abs_ratio_change
            FROM token_passes WHERE run = ? AND step = ? GROUP BY "pass" ORDER BY "pass" """,
-        [run, step],
+        [CLIP_LOW, CLIP_HIGH, CLIP_CAP, run, step],
     )
 
 

@@ -26,7 +26,8 @@ import plotly.io as pio
 from plotly.offline import get_plotlyjs
 
 from dashboard import charts, queries
-from dashboard.tokens import CHANNELS, CLIP_NAMES, token_heatmap_html
+from dashboard.tokens import CHANNELS, token_heatmap_html
+from engine.objectives import CLIP_EVENTS, CLIP_NAMES
 
 # Numbers of the chosen step shown at the top: (column of the `steps` view, label).
 KEY_METRICS = [
@@ -246,7 +247,7 @@ def _rollout(page: _Page, logs_dir: str, run: str, step: int, rollout: pd.Series
     if "clip" in tokens.columns and tokens["clip"].notna().any():
         counts = tokens["clip"].fillna(0).astype(int).value_counts()
         page.add("<p>Clip events in this pass: "
-                 + ", ".join(f"{CLIP_NAMES[c]} {counts.get(c, 0)}" for c in (1, 2, 3)) + "</p>")
+                 + ", ".join(f"{CLIP_NAMES[c]} {counts.get(c, 0)}" for c in CLIP_EVENTS) + "</p>")
     page.figure(charts.token_channel_heatmap(tokens, logged))
 
 

@@ -12,6 +12,8 @@ import json
 import numpy as np
 import pandas as pd
 
+from engine.objectives import CLIP_CAP, CLIP_HIGH, CLIP_LOW, CLIP_NONE
+
 HOSTILE_TOKEN = "<img src=x onerror=alert(1)>"
 # Pieces of an equation solution; spaces and newlines are part of the tokens on purpose.
 VOCAB = ["2", "x", " +", " 3", " =", " 7", "\n", " -", " 4", "x =", " 2", "Step", " 1", ":", " so", " subtract",
@@ -65,9 +67,10 @@ def synthetic_step(step: int, groups: int, group_size: int, length: int, passes:
                     new_logp = old_logp + rng.normal(0, 0.08 * p, n)
                     ratio = np.exp(new_logp - old_logp)
                     a = advantage[i]
-                    clip = np.where((a < 0) & (ratio < 0.8), 1, np.where((a > 0) & (ratio > 1.2), 2, 0))
-                    clip = np.where((a < 0) & (ratio > 3), 3, clip)
-                    weight = np.where(clip == 0, ratio * a / n, 0.0)
+                    clip = np.where((a < 0) & (ratio < 0.8), CLIP_LOW,
+                                    np.where((a > 0) & (ratio > 1.2), CLIP_HIGH, CLIP_NONE))
+                    clip = np.where((a < 0) & (ratio > 3), CLIP_CAP, clip)
+                    weight = np.where(clip == CLIP_NONE, ratio * a / n, 0.0)
                     kl = np.exp(ref_logp - new_logp) - (ref_logp - new_logp) - 1
                     for t in range(n):
                         pass_rows.append((p, rollout_id, t, new_logp[t], ratio[t], int(clip[t]), weight[t],
@@ -87,9 +90,9 @@ def synthetic_step(step: int, groups: int, group_size: int, length: int, passes:
         "reward_std": float(train["reward"].std()), "accuracy": float(train["reward_correct"].mean()),
         "heldout_accuracy": float(rng.random()) if step % 2 == 0 else None, "heldout_accuracy_sampled": None,
         "entropy": float(tokens["entropy"].mean()), "kl": float(token_passes["kl"].mean()) if passes else 0.0,
-        "clip_low_frac": float((token_passes["clip"] == 1).mean()) if passes else 0.0,
-        "clip_high_frac": float((token_passes["clip"] == 2).mean()) if passes else 0.0,
-        "clip_dual_frac": float((token_passes["clip"] == 3).mean()) if passes else 0.0,
+        "clip_low_frac": float((token_passes["clip"] == CLIP_LOW).mean()) if passes else 0.0,
+        "clip_high_frac": float((token_passes["clip"] == CLIP_HIGH).mean()) if passes else 0.0,
+        "clip_dual_frac": float((token_passes["clip"] == CLIP_CAP).mean()) if passes else 0.0,
         "response_len_mean": float(train["length"].mean()), "response_len_max": float(train["length"].max()),
         "truncated_frac": float(train["truncated"].mean()), "groups_kept": int(groups - train["filtered"].sum() // 4),
         "groups_filtered": int(train["filtered"].sum() // max(1, group_size)), "gen_batches": 1,

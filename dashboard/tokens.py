@@ -18,6 +18,8 @@ from dataclasses import dataclass
 import pandas as pd
 from plotly.colors import sample_colorscale
 
+from engine.objectives import CLIP_CAP, CLIP_HIGH, CLIP_LOW, CLIP_NAMES
+
 
 @dataclass(frozen=True)
 class Channel:
@@ -44,13 +46,12 @@ CHANNELS: dict[str, Channel] = {
     "token_loss": Channel("token_loss", "token loss", 0.0, "RdBu_r"),
 }
 
-CLIP_NAMES = {0: "none", 1: "low", 2: "high", 3: "dual / cap"}
 # Low and high clipping must be told apart at a glance and without relying on colour alone: low is a thick line
 # under the token, high a thick line over it, the dual/soft cap a dashed outline.
 CLIP_STYLES = {
-    1: "border-bottom:4px solid #1f77b4;",
-    2: "border-top:4px solid #d62728;",
-    3: "outline:2px dashed #9467bd;outline-offset:-1px;",
+    CLIP_LOW: "border-bottom:4px solid #1f77b4;",
+    CLIP_HIGH: "border-top:4px solid #d62728;",
+    CLIP_CAP: "outline:2px dashed #9467bd;outline-offset:-1px;",
 }
 
 
@@ -111,7 +112,7 @@ def token_heatmap_html(tokens: pd.DataFrame, channel_name: str, hover_columns: l
     """Render tokens as coloured inline spans.
 
     `tokens` has one row per completion token in order, with `position`, `token_text`, the channel's column and
-    optionally `clip` (0 none, 1 low, 2 high, 3 dual). Hovering a token shows every column in `hover_columns`.
+    optionally `clip` (the engine.objectives clip code). Hovering a token shows every column in `hover_columns`.
     """
     channel = CHANNELS[channel_name]
     hover_columns = hover_columns or [c.column for c in CHANNELS.values() if c.column in tokens.columns]
@@ -151,9 +152,9 @@ def colour_legend_html(channel: Channel, low: float, high: float) -> str:
         f'<span style="display:inline-block;width:160px;height:10px;background:linear-gradient(90deg, {gradient});'
         'border:1px solid #ccc;"></span>'
         f"<span>{high:.3g}{html.escape(middle)}</span>"
-        f'<span style="{CLIP_STYLES[1]}padding:0 4px;">clip low</span>'
-        f'<span style="{CLIP_STYLES[2]}padding:0 4px;">clip high</span>'
-        f'<span style="{CLIP_STYLES[3]}padding:0 4px;">dual clip / cap</span>'
+        f'<span style="{CLIP_STYLES[CLIP_LOW]}padding:0 4px;">clip low</span>'
+        f'<span style="{CLIP_STYLES[CLIP_HIGH]}padding:0 4px;">clip high</span>'
+        f'<span style="{CLIP_STYLES[CLIP_CAP]}padding:0 4px;">dual clip / cap</span>'
         "<span>· space ↵ newline → tab</span>"
         "</div>"
     )

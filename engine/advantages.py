@@ -8,8 +8,8 @@
 Departures from the papers:
 1. All-equal groups get exactly 0 (not (R - mean) / 1e-6, which can be a tiny non-zero from float rounding), and
    so does a group of size 1 (its unbiased std is undefined). Same for process rewards.
-2. The GRPO paper writes std without saying which; we use the unbiased (Bessel) std as verl's
-   compute_grpo_outcome_advantage does (ALGORITHMS.md).
+2. The GRPO paper writes std without saying which; we use the unbiased (Bessel) std, as verl's
+   compute_grpo_outcome_advantage does (torch.std's default).
 """
 
 from __future__ import annotations
@@ -20,7 +20,14 @@ from numbers import Integral
 
 import torch
 
-__all__ = ["STD_EPS", "gae_advantages", "group_advantages", "masked_whiten", "process_advantages"]
+__all__ = [
+    "STD_EPS",
+    "gae_advantages",
+    "group_advantages",
+    "masked_whiten",
+    "normalized_step_rewards",
+    "process_advantages",
+]
 
 STD_EPS = 1e-6  # added to the std before dividing (verl uses the same constant)
 
@@ -64,18 +71,33 @@ def group_advantages(rewards: torch.Tensor | Sequence[float], group_size: int, s
     return _normalize(grouped, scale_by_std).reshape(N)  # (N,)
 
 
+def normalized_step_rewards(step_rewards: Sequence[Sequence[float]]) -> list[list[float]]:
+    """The step rewards of one group normalised together (GRPO paper Sec. 4.1.3): (r - mean) / (std + 1e-6) over
+    all steps of all completions, unbiased std; all equal (or a single step): 0. Same nesting as `step_rewards`."""
+    flat = torch.tensor([float(x) for rs in step_rewards for x in rs], dtype=torch.float64)  # (K,)
+    if not bool(torch.isfinite(flat).all()):
+        raise ValueError("step_rewards contain NaN or inf; accepted: finite values only")
+    normed = _normalize(flat[None, :])[0].tolist() if flat.numel() > 0 else []  # (K,)
+    out, k = [], 0
+    for rs in step_rewards:
+        out.append(normed[k : k + len(rs)])
+        k += len(rs)
+    return out
+
+
 def process_advantages(
     step_rewards: Sequence[Sequence[float]],
     step_ends: Sequence[Sequence[int]],
     lengths: Sequence[int],
 ) -> torch.Tensor:
-    """Per-token advantages from process (PRM) rewards for one group (GRPO paper Sec. 4.1.3, the seed's formula).
+    """Per-token advantages from process (PRM) rewards for one group (GRPO paper Sec. 4.1.3).
 
     step_rewards[i][j]: PRM score of step j of completion i; step_ends[i][j]: 0-based index of that step's last
     token (increasing); lengths[i]: completion i's token count. All step rewards of the group are normalised
-    together, rt = (r - mean) / (std + 1e-6) (unbiased std), and token t of completion i gets
-    A[i, t] = sum of rt[i][j] over the steps j with step_ends[i][j] >= t: the reward of its own step and of every
-    later step. Tokens after the last step end, and padding up to max(lengths), get 0. Returns (G, max(lengths)).
+    together (`normalized_step_rewards`: rt = (r - mean) / (std + 1e-6), unbiased std), and token t of
+    completion i gets A[i, t] = sum of rt[i][j] over the steps j with step_ends[i][j] >= t: the reward of its own
+    step and of every later step. Tokens after the last step end, and padding up to max(lengths), get 0.
+    Returns (G, max(lengths)).
     """
     G = len(lengths)
     if G == 0 or len(step_rewards) != G or len(step_ends) != G:
@@ -97,18 +119,13 @@ def process_advantages(
                 f"step_ends[{i}] = {ends} is invalid for a completion of {n} tokens; accepted: strictly increasing "
                 f"ints in [0, {n - 1}]"
             )
-    flat = torch.tensor([float(x) for rs in step_rewards for x in rs], dtype=torch.float64)  # (K,)
-    if not bool(torch.isfinite(flat).all()):
-        raise ValueError("step_rewards contain NaN or inf; accepted: finite values only")
-    normed = _normalize(flat[None, :])[0] if flat.numel() > 0 else flat  # (K,) all steps of the group together
+    normed = normalized_step_rewards(step_rewards)
 
     T = int(max(lengths))
     out = torch.zeros(G, T, dtype=torch.float64)  # (G, T)
-    k = 0
     for i in range(G):
-        for end in step_ends[i]:
-            out[i, : int(end) + 1] += normed[k]  # this step's reward reaches every token at or before its end
-            k += 1
+        for end, reward in zip(step_ends[i], normed[i], strict=True):
+            out[i, : int(end) + 1] += reward  # this step's reward reaches every token at or before its end
     return out.to(torch.get_default_dtype())
 
 

@@ -6,9 +6,10 @@
     cfg.to_dict()                                               # the fully resolved config saved with the run
 
 A field left at `None` is filled from the algorithm preset when the config is built (`__post_init__`), so the saved
-config always holds concrete numbers. The objective's own hyper-parameters (clip ranges, KL weight, aggregation ...)
-come from `engine.objectives.defaults(algo)`, the single place where the papers' numbers live; this file only adds
-the loop-level settings (passes per batch, dynamic sampling, overlong shaping) that the papers prescribe.
+config always holds concrete numbers. Every number a paper prescribes lives in the registry `engine.objectives`: the
+objective's hyper-parameters (clip ranges, KL weight, aggregation ...: `defaults(algo)`, checked by `resolve`) and the
+loop settings (passes per batch, dynamic sampling, overlong shaping: `loop_defaults(algo)`); this file adds the
+common loop defaults (LOOP_DEFAULTS) and everything that is not an algorithm's.
 
 Every field has a docstring right under it; `field_docs()` reads them so that `policylens train --help` shows the
 same text and every field is a command-line flag (`--eps-high 0.28`, `--no-dynamic-sampling`, ...).
@@ -36,32 +37,23 @@ SUPERVISIONS = ("outcome", "process")
 DEVICES = ("auto", "cpu", "cuda", "mps")
 
 
+def resolve_device(name: str = "auto"):
+    """The torch.device of a `TrainConfig.device` value: `auto` is CUDA when available, else the CPU."""
+    import torch
+
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    return torch.device(name)
+
+
 class ConfigError(ValueError):
     """A configuration that cannot train; the message says which field and what to do about it."""
 
 
-# Loop-level settings each algorithm's paper prescribes (the objective's own numbers come from
-# engine.objectives.defaults). Keys are TrainConfig fields; anything not listed falls back to LOOP_DEFAULTS.
-ALGO_PRESETS: dict[str, dict[str, Any]] = {
-    # GRPO (arXiv 2402.03300, sec. 4.1): clipped surrogate + k3 KL; we use 2 epochs x 2 mini-batches so that the
-    # ratio leaves 1 and the clip really acts (ALGORITHMS.md "Why clipping needs off-policy updates").
-    "grpo": {},
-    # DAPO (arXiv 2503.14476): dynamic sampling (sec. 3.2), token-level loss (3.3), overlong shaping (3.4, eq. 13).
-    "dapo": {"dynamic_sampling": True, "overlong_shaping": True},
-    # GSPO (arXiv 2507.18071, sec. 5.1): each rollout batch is split into 4 mini-batches.
-    "gspo": {"minibatches": 4},
-    "gspo_token": {"minibatches": 4},
-    # ASPO (arXiv 2510.06062; Archer2.0 code): 3 update epochs per batch.
-    "aspo": {"epochs": 3},
-    # Dr. GRPO (arXiv 2503.20783, sec. 3.2): A = R - mean(R), no division by the std.
-    "dr_grpo": {"scale_adv_by_std": False},
-    # CISPO (MiniMax-M1, arXiv 2506.13585 sec. 3.1): clipped, stop-gradient IS weight; every token keeps a gradient.
-    "cispo": {},
-    # SAPO (arXiv 2511.20347) and GMPO (arXiv 2507.20673): objective-only changes.
-    "sapo": {},
-    "gmpo": {},
-}
-
+# Loop settings of an algorithm whose paper prescribes none (each algorithm's own are `Objective.loop` in
+# engine.objectives, with the paper they come from). Two epochs x two mini-batches, so that from the second pass on
+# the ratio leaves 1 and the clip really acts: on the first pass the policy still is pi_old (GRPO, arXiv 2402.03300,
+# Algorithm 1, also takes several gradient steps per sampled batch).
 LOOP_DEFAULTS: dict[str, Any] = {
     "epochs": 2,
     "minibatches": 2,
@@ -70,29 +62,26 @@ LOOP_DEFAULTS: dict[str, Any] = {
     "scale_adv_by_std": True,
 }
 
-# TrainConfig fields that are hyper-parameters of engine.objectives.policy_loss (passed as overrides).
-OBJECTIVE_FIELDS = (
-    "eps_low",
-    "eps_high",
-    "beta",
-    "aggregation",
-    "dual_clip",
-    "tau_pos",
-    "tau_neg",
-    "entropy_quantile",
-    "eps_high_entropy",
-    "max_len",
-)
+
+def _objective_fields() -> tuple[str, ...]:
+    from engine.objectives import OBJECTIVES
+
+    return tuple(dict.fromkeys(name for o in OBJECTIVES.values() for name in o.defaults()))
+
+
+# TrainConfig fields that are hyper-parameters of engine.objectives.policy_loss (passed as overrides): every knob of
+# every algorithm in the registry.
+OBJECTIVE_FIELDS = _objective_fields()
 
 
 @dataclass
 class TrainConfig:
     # ------------------------------------------------------------------ what to train
     algo: str = "grpo"
-    """Algorithm preset (grpo, dapo, gspo, gspo_token, aspo, dr_grpo, cispo, sapo, gmpo): sets the objective and
-    the loop settings its paper prescribes; any field given explicitly overrides the preset."""
+    """Algorithm preset, one of engine.objectives.ALGORITHMS (listed under Choices): sets the objective and the loop
+    settings its paper prescribes; any field given explicitly overrides the preset."""
     task: str = "linear"
-    """Task with an exact verifier (see engine.tasks): `linear` (solve a x + b = c, the seed's example) or the
+    """Task with an exact verifier (see engine.tasks): `linear` (solve a x + b = c, like 2x + 3 = 7) or the
     variable-length task."""
     supervision: str = "outcome"
     """`outcome`: one reward per completion, every token gets the group-normalised advantage (GRPO sec. 4.1.2).
@@ -231,7 +220,7 @@ class TrainConfig:
             raise ConfigError(
                 f"unknown algo {self.algo!r}; choose one of: {', '.join(objectives.ALGORITHMS)}"
             )
-        preset = {**LOOP_DEFAULTS, **ALGO_PRESETS.get(self.algo, {})}
+        preset = {**LOOP_DEFAULTS, **objectives.loop_defaults(self.algo)}
         for name, value in preset.items():
             if getattr(self, name) is None:
                 setattr(self, name, value)
@@ -286,29 +275,10 @@ class TrainConfig:
             bad(f"top_p must be in (0, 1], got {self.top_p}")
         if self.max_new_tokens < 1:
             bad(f"max_new_tokens must be >= 1, got {self.max_new_tokens}")
-        # GMPO clips log-ratios, so its eps are not bounded by 1; elsewhere 1 - eps is a ratio and must stay >= 0.
-        log_space = self.algo == "gmpo"
-        for name in ("eps_low", "eps_high", "eps_high_entropy"):
-            value = getattr(self, name)
-            if value is None:
-                continue
-            if value <= 0:
-                bad(f"{name} must be > 0, got {value}")
-            if name != "eps_high" and not log_space and value > 1.0:
-                bad(f"{name} must be in (0, 1]: the lower clip bound 1 - {name} cannot be negative, got {value}")
-        if self.beta is not None and self.beta < 0:
-            bad(f"beta (KL weight) must be >= 0, got {self.beta}")
-        if self.dual_clip is not None and self.dual_clip <= 1.0:
-            bad(f"dual_clip must be > 1 (it caps importance weights above 1), got {self.dual_clip}")
-        if self.entropy_quantile is not None and not 0.0 <= self.entropy_quantile <= 1.0:
-            bad(f"entropy_quantile must be in [0, 1], got {self.entropy_quantile}")
-        obj_defaults = objectives.defaults(self.algo)
-        for name in OBJECTIVE_FIELDS:
-            if getattr(self, name) is not None and name not in obj_defaults:
-                bad(
-                    f"{name} is not a hyper-parameter of {self.algo} (its knobs: "
-                    f"{', '.join(k for k in OBJECTIVE_FIELDS if k in obj_defaults)}); remove it or pick another algo"
-                )
+        try:  # the objective's own hyper-parameters are checked where they are defined
+            objectives.resolve(self.algo, **self.objective_overrides())
+        except ValueError as error:
+            bad(str(error))
         if self.max_len is not None and self.max_len < self.max_new_tokens:
             bad(
                 f"max_len ({self.max_len}) must be >= max_new_tokens ({self.max_new_tokens}): it normalises "
@@ -425,12 +395,18 @@ def add_config_arguments(parser) -> None:
     """Add one `--field-name` flag per TrainConfig field, default None (= config file, then preset)."""
     import argparse
 
+    from engine.objectives import ALGORITHMS
+
     docs = field_docs()
+    choices = {"algo": ALGORITHMS, "supervision": SUPERVISIONS, "device": DEVICES}
     group = parser.add_argument_group("config fields (default: the config file, then the algorithm preset)")
     for f in knob_fields():
         flag = "--" + f.name.replace("_", "-")
         kind = _base_type(f)
-        help_text = docs.get(f.name, "").replace("%", "%%")  # argparse %-formats help strings
+        help_text = docs.get(f.name, "")
+        if f.name in choices:  # listed from the registry, never typed again in a docstring
+            help_text += f" Choices: {', '.join(choices[f.name])}."
+        help_text = help_text.replace("%", "%%")  # argparse %-formats help strings
         if kind is bool:
             group.add_argument(flag, dest=f.name, default=None, action=argparse.BooleanOptionalAction, help=help_text)
         else:

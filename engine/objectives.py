@@ -5,6 +5,11 @@ One entry point, used by the trainer and by the dashboard's weighting views:
     out = policy_loss("dapo", logp, old_logp, advantages, mask)
     out.loss.backward()            # scalar, differentiable wrt logp
     out.ratio, out.clip, out.grad_weight, out.token_loss, out.kl   # (B, T) diagnostics, detached
+    out.seq_ratio                  # (B,) the ratio of each sequence (sequence-level algorithms), else None
+
+This module is the one registry of algorithms: `OBJECTIVES` holds each one's switches, its published
+hyper-parameters and the training-loop settings its paper prescribes (`Objective.loop`); the trainer's config, the
+run log and the dashboard derive their lists from it.
 
 An algorithm is not a branch of one big function but a point in a small space of orthogonal switches
 (`Objective`, one frozen dataclass per algorithm):
@@ -17,7 +22,7 @@ An algorithm is not a branch of one big function but a point in a small space of
 - aggregation: how token losses become one number (AGGREGATIONS);
 - beta: weight of the k3 KL to the reference policy, added to every token's loss.
 
-Published defaults (ALGORITHMS.md, "Author defaults at a glance"):
+Published defaults (each entry's `doc` names the paper and section they come from):
 
 | algo       | ratio level    | surrogate | eps_low / eps_high     | beta  | aggregation             |
 |------------|----------------|-----------|------------------------|-------|-------------------------|
@@ -54,7 +59,8 @@ Departures from the papers (all deliberate, all covered by tests):
 4. GSPO and GMPO are defined for one advantage per sequence. Given (B, T) advantages we apply each token's own
    advantage (its sign picks the clip side); with a constant advantage per sequence this is exactly the paper.
 5. The KL term is only added when `ref_logp` is given: without it the policy term alone is returned (`kl` None),
-   even for algorithms whose default beta is > 0.
+   even for algorithms whose default beta is > 0. With `ref_logp` and beta == 0, `kl` is still reported (worth
+   watching) but is not part of the loss or the gradient weight.
 6. "seq-mean" (GSPO's per-sequence mean, (1/G) sum_i loss_i) is computed as the mean over sequences of each
    sequence's mean token loss; for sequence-level objectives every token of a sequence carries the sequence's
    loss, so this is the paper's formula. It is numerically the same as "seq-mean-token-mean".
@@ -75,8 +81,10 @@ __all__ = [
     "AGGREGATIONS",
     "ALGORITHMS",
     "CLIP_CAP",
+    "CLIP_EVENTS",
     "CLIP_HIGH",
     "CLIP_LOW",
+    "CLIP_NAMES",
     "CLIP_NONE",
     "OBJECTIVES",
     "RATIO_LEVELS",
@@ -87,7 +95,9 @@ __all__ = [
     "aggregation_weights",
     "defaults",
     "k3_kl",
+    "loop_defaults",
     "policy_loss",
+    "resolve",
 ]
 
 AGGREGATIONS = ("seq-mean-token-mean", "token-mean", "seq-mean-token-sum-norm", "seq-mean")
@@ -95,6 +105,8 @@ RATIO_LEVELS = ("token", "sequence", "sequence-token", "geometric")
 SURROGATES = ("ppo-clip", "cispo", "aspo", "sapo", "linear")
 
 CLIP_NONE, CLIP_LOW, CLIP_HIGH, CLIP_CAP = 0, 1, 2, 3
+CLIP_EVENTS = (CLIP_LOW, CLIP_HIGH, CLIP_CAP)  # every code but "none"
+CLIP_NAMES = {CLIP_NONE: "none", CLIP_LOW: "low", CLIP_HIGH: "high", CLIP_CAP: "dual / cap"}  # short labels
 
 # SAPO has no hard clip: a token is reported as soft-capped (code 3) when its gate has cut the gradient weight to
 # less than this fraction of the ungated weight r * A (the gate factor 4 sigma (1 - sigma) is 1 at r = 1).
@@ -111,6 +123,8 @@ class Objective:
 
     `extra` holds the algorithm-specific knobs (name, default). Every name returned by `defaults()` is an
     accepted override of `policy_loss`; `max_len` (Dr. GRPO's constant, default None = T) is accepted by all.
+    `loop` holds the training-loop settings the paper prescribes (names of engine.config.TrainConfig fields);
+    a setting not listed takes engine.config.LOOP_DEFAULTS.
     """
 
     name: str
@@ -122,6 +136,12 @@ class Objective:
     eps_high: float | None
     beta: float
     extra: tuple[tuple[str, float], ...] = ()
+    loop: tuple[tuple[str, Any], ...] = ()
+
+    @property
+    def sequence_level(self) -> bool:
+        """One ratio per sequence (GSPO, GSPO-token, GMPO): `policy_loss` reports it as `seq_ratio`."""
+        return self.ratio_level != "token"
 
     def defaults(self) -> dict[str, Any]:
         eps = {} if self.eps_low is None else {"eps_low": self.eps_low, "eps_high": self.eps_high}
@@ -148,41 +168,46 @@ GRPO = Objective(
 DAPO = Objective(
     name="dapo",
     doc="DAPO (arXiv 2503.14476): Clip-Higher eps_low = 0.2, eps_high = 0.28 (Sec. 3.1), token-level policy "
-    "gradient loss = token-mean over the batch (Sec. 3.3), no KL term (Sec. 2.3).",
+    "gradient loss = token-mean over the batch (Sec. 3.3), no KL term (Sec. 2.3); in the loop, dynamic sampling "
+    "(Sec. 3.2) and the soft overlong punishment (Sec. 3.4, eq. 13).",
     ratio_level="token",
     surrogate="ppo-clip",
     aggregation="token-mean",
     eps_low=0.2,
     eps_high=0.28,
     beta=0.0,
+    loop=(("dynamic_sampling", True), ("overlong_shaping", True)),
 )
 GSPO = Objective(
     name="gspo",
     doc="GSPO (arXiv 2507.18071), Sec. 4.1: sequence ratio s_i = exp(mean_t log r), clipped per "
-    "sequence, one term per sequence; clip range 3e-4 / 4e-4 from Sec. 5.1; no KL.",
+    "sequence, one term per sequence; clip range 3e-4 / 4e-4 from Sec. 5.1; no KL; each rollout batch split "
+    "into 4 mini-batches (Sec. 5.1).",
     ratio_level="sequence",
     surrogate="ppo-clip",
     aggregation="seq-mean",
     eps_low=3e-4,
     eps_high=4e-4,
     beta=0.0,
+    loop=(("minibatches", 4),),
 )
 GSPO_TOKEN = Objective(
     name="gspo_token",
     doc="GSPO-token (arXiv 2507.18071), Sec. 4.3: s_it = sg(s_i) * pi/sg(pi), allows token-level "
-    "advantages; identical to GSPO when A is constant in a sequence. Defaults as GSPO.",
+    "advantages; identical to GSPO when A is constant in a sequence. Defaults (and 4 mini-batches) as GSPO.",
     ratio_level="sequence-token",
     surrogate="ppo-clip",
     aggregation="seq-mean-token-mean",
     eps_low=3e-4,
     eps_high=4e-4,
     beta=0.0,
+    loop=(("minibatches", 4),),
 )
 ASPO = Objective(
     name="aspo",
     doc="ASPO (arXiv 2510.06062), method section and the official compute_policy_loss_archer: flipped weight 1/r "
     "for A > 0, soft dual clip c = 3 keeping the gradient, eps 0.2 below the response's 80th entropy "
-    "percentile and 0.4 above it, token-mean, k3 KL with beta = 0.001.",
+    "percentile and 0.4 above it, token-mean, k3 KL with beta = 0.001; 3 update epochs per batch (Archer2.0).",
     ratio_level="token",
     surrogate="aspo",
     aggregation="token-mean",
@@ -190,17 +215,20 @@ ASPO = Objective(
     eps_high=0.2,
     beta=0.001,
     extra=(("dual_clip", 3.0), ("eps_high_entropy", 0.4), ("entropy_quantile", 0.8)),
+    loop=(("epochs", 3),),
 )
 DR_GRPO = Objective(
     name="dr_grpo",
     doc="Dr. GRPO (arXiv 2503.20783), Sec. 3.2: GRPO without the 1/|o_i| length normalisation: token sums "
-    "divided by a constant (B * max generation length), no KL; advantages R - mean (engine.advantages).",
+    "divided by a constant (B * max generation length), no KL; advantages R - mean, not divided by the group's "
+    "std (engine.advantages).",
     ratio_level="token",
     surrogate="ppo-clip",
     aggregation="seq-mean-token-sum-norm",
     eps_low=0.2,
     eps_high=0.2,
     beta=0.0,
+    loop=(("scale_adv_by_std", False),),
 )
 CISPO = Objective(
     name="cispo",
@@ -247,6 +275,11 @@ def defaults(algo: str) -> dict[str, Any]:
     return _objective(algo).defaults()
 
 
+def loop_defaults(algo: str) -> dict[str, Any]:
+    """The training-loop settings `algo`'s paper prescribes (engine.config.TrainConfig field -> value)."""
+    return dict(_objective(algo).loop)
+
+
 def _objective(algo: str) -> Objective:
     if algo not in OBJECTIVES:
         raise ValueError(f"unknown algorithm {algo!r}; accepted: {', '.join(ALGORITHMS)}")
@@ -266,7 +299,8 @@ class PolicyLossOutput:
     clip: torch.Tensor  # (B, T) int8 clip code, see module docstring
     grad_weight: torch.Tensor  # (B, T) -dloss/dlogp of the total loss (incl. KL), closed form, 0 when masked
     token_loss: torch.Tensor  # (B, T) policy term + beta * kl per token (what the aggregation averages)
-    kl: torch.Tensor | None  # (B, T) k3 KL to the reference, or None (no ref_logp or beta == 0)
+    kl: torch.Tensor | None  # (B, T) k3 KL to the reference (in the loss only when beta > 0), None without ref_logp
+    seq_ratio: torch.Tensor | None  # (B,) the sequence ratio the objective used (sequence-level algorithms), else None
     params: dict[str, Any]  # the resolved hyper-parameters used
 
 
@@ -410,12 +444,18 @@ def _is_number(v: Any) -> bool:
     return isinstance(v, Real) and not isinstance(v, bool) and math.isfinite(v)
 
 
-def _resolve(obj: Objective, overrides: dict[str, Any]) -> dict[str, Any]:
+def resolve(algo: str, **overrides: Any) -> dict[str, Any]:
+    """`algo`'s published hyper-parameters with `overrides` applied, validated (the checks `policy_loss` makes).
+
+    Raises ValueError naming the bad value and what is accepted.
+    """
+    obj = _objective(algo)
     p = obj.defaults()
     unknown = sorted(set(overrides) - set(p))
     if unknown:
         raise ValueError(
-            f"unknown override(s) {', '.join(map(repr, unknown))} for {obj.name!r}; accepted: {', '.join(p)}"
+            f"unknown override {', '.join(map(repr, unknown))}: not a hyper-parameter of {obj.name!r}; accepted: "
+            f"{', '.join(p)}"
         )
     p.update(overrides)
     log_space = obj.ratio_level == "geometric"
@@ -426,10 +466,11 @@ def _resolve(obj: Objective, overrides: dict[str, Any]) -> dict[str, Any]:
         at_most_one = not log_space and key != "eps_high"
         v = p[key]
         if not (_is_number(v) and v > 0 and (not at_most_one or v <= 1)):
-            rule = "a number in (0, 1]" if at_most_one else "a finite number > 0"
+            rule = (f"a number in (0, 1] (the lower clip bound 1 - {key} cannot be negative)" if at_most_one
+                    else "a finite number > 0")
             raise ValueError(f"{key} = {v!r} for {obj.name!r} is invalid; accepted: {rule}")
     if not (_is_number(p["beta"]) and p["beta"] >= 0):
-        raise ValueError(f"beta = {p['beta']!r} is invalid; accepted: a finite number >= 0")
+        raise ValueError(f"beta (KL weight) = {p['beta']!r} is invalid; accepted: a finite number >= 0")
     if p["aggregation"] not in AGGREGATIONS:
         raise ValueError(f"unknown aggregation {p['aggregation']!r}; accepted: {', '.join(AGGREGATIONS)}")
     if p["max_len"] is not None and not (
@@ -485,7 +526,7 @@ def policy_loss(
         _check_tensor("entropy", entropy, (B, T))
     if not bool(((mask == 0) | (mask == 1)).all()):
         raise ValueError("mask contains values other than 0 and 1; accepted: a 0/1 (or bool) mask")
-    p = _resolve(obj, overrides)
+    p = resolve(algo, **overrides)
 
     dtype, dev = logp.dtype, logp.device
     m = mask.to(dtype=dtype, device=dev)  # (B, T)
@@ -524,13 +565,14 @@ def policy_loss(
     token_loss = pg_loss  # (B, T)
     kl = None
     kl_weight = torch.zeros_like(d)
-    if ref_logp is not None and p["beta"] > 0:
+    if ref_logp is not None:
         ref = ref_logp.detach().to(dtype=dtype, device=dev)
         ref = torch.where(on, ref, logp.detach())  # padding: KL 0
         kl = k3_kl(logp, ref)  # (B, T)
-        token_loss = token_loss + p["beta"] * kl
-        # -d(beta * kl)/dlogp = beta * (exp(ref - logp) - 1)
-        kl_weight = p["beta"] * (torch.exp(ref - logp.detach()) - 1.0)  # (B, T)
+        if p["beta"] > 0:
+            token_loss = token_loss + p["beta"] * kl
+            # -d(beta * kl)/dlogp = beta * (exp(ref - logp) - 1)
+            kl_weight = p["beta"] * (torch.exp(ref - logp.detach()) - 1.0)  # (B, T)
     token_loss = torch.where(on, token_loss, torch.zeros_like(token_loss))
     loss = (a * token_loss).sum()
 
@@ -547,5 +589,7 @@ def policy_loss(
         grad_weight=grad_weight,
         token_loss=token_loss.detach(),
         kl=None if kl is None else torch.where(on, kl.detach(), torch.zeros_like(d)),
+        # a sequence-level log ratio has the same value on every token of its row (padding included)
+        seq_ratio=torch.exp(log_rho.detach()[:, 0]) if obj.sequence_level else None,
         params=p,
     )

@@ -46,6 +46,9 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from engine.config import resolve_device
+from engine.rollout import generate
+
 if TYPE_CHECKING:
     from engine.tasks import Problem, Task
 
@@ -93,7 +96,7 @@ class SFTConfig:
     """AdamW weight decay."""
     corrupt_frac: float = 0.1
     """Fraction of SFT examples in which one digit of one solution line is replaced by another, so the policy
-    also learns some wrong steps and answers (like the seed's flawed example `2x=4 -> x=1`)."""
+    also learns some wrong steps and answers (like the flawed solution `2x=4 -> x=1`)."""
     answer_slip_frac: float = 0.85
     """Fraction of SFT solutions with a negative answer whose final line drops the minus sign (`x=-2` -> `x=2`).
     Unlike random digit noise this is a systematic bad habit, and a classic one: the warm-started policy knows the
@@ -362,9 +365,7 @@ def load_policy(task: Task, *, model_dir: str | os.PathLike | None = None,
     The model is in eval mode on `device` (default: CUDA when available, else CPU). The caller keeps a frozen copy
     as pi_ref. `description` is a one-line human-readable summary for the run log.
     """
-    if device is None:
-        device = "cuda" if torch.cuda.is_available() else "cpu"
-    device = torch.device(device)
+    device = resolve_device() if device is None else torch.device(device)
     if model_dir is not None:
         model, tokenizer = load_local_model(model_dir, device)
         desc = f"local model {Path(model_dir).name} ({type(model).__name__}, {count_parameters(model):,} params)"
@@ -421,26 +422,18 @@ def _save_atomically(model, tokenizer, final: Path, meta: dict) -> None:
 def generate_greedy(model, tokenizer, prompts: list[str], max_new_tokens: int, batch_size: int = 100) -> list[str]:
     """Greedy completions (text before the first EOS, special tokens removed) for `prompts`, in order.
 
-    Batched with left padding so every prompt ends at the same position.
+    Decoded by engine.rollout.generate, the trainer's own generation (left padding, cut at the first EOS), in
+    batches of `batch_size` prompts.
     """
-    device = next(model.parameters()).device
     was_training = model.training
     model.eval()
     out = []
     for i in range(0, len(prompts), batch_size):
-        chunk = prompts[i : i + batch_size]
-        enc = tokenizer(chunk, padding=True, padding_side="left", return_tensors="pt").to(device)
-        gen = model.generate(
-            **enc,
-            max_new_tokens=max_new_tokens,
-            do_sample=False,
-            eos_token_id=tokenizer.eos_token_id,
-            pad_token_id=tokenizer.pad_token_id,
-        )
-        for row in gen[:, enc["input_ids"].shape[1] :].tolist():
-            if tokenizer.eos_token_id in row:
-                row = row[: row.index(tokenizer.eos_token_id)]
-            out.append(tokenizer.decode(row, skip_special_tokens=True))
+        input_ids, attention_mask, P = generate(model, tokenizer, prompts[i : i + batch_size], do_sample=False,
+                                                temperature=1.0, top_p=1.0, max_new_tokens=max_new_tokens)
+        lengths = attention_mask[:, P:].sum(-1).tolist()  # completion tokens up to and including the first EOS
+        for row, n in zip(input_ids[:, P:].tolist(), lengths, strict=True):
+            out.append(tokenizer.decode(row[:n], skip_special_tokens=True))
     model.train(was_training)
     return out
 

@@ -36,7 +36,7 @@ from dataclasses import dataclass, field
 import torch
 import torch.nn.functional as F
 
-from engine.advantages import group_advantages, process_advantages
+from engine.advantages import group_advantages, normalized_step_rewards, process_advantages
 from engine.rewards import overlong_penalty
 from engine.tasks import Problem, StepScore, Task
 
@@ -82,6 +82,12 @@ class Rollout:
     def length(self) -> int:
         return len(self.completion_ids)
 
+    @property
+    def step_spans(self) -> list[tuple[int, int]]:
+        """(first, last) token index of each step: a step starts right after the previous step's last token."""
+        firsts = [0] + [last + 1 for last in self.step_last_token]
+        return list(zip(firsts, self.step_last_token, strict=False))  # the last `first` has no step
+
 
 @dataclass
 class Batch:
@@ -101,7 +107,6 @@ class Batch:
     ref_logp: torch.Tensor | None  # (B, T) float, None when no reference is needed
     entropy: torch.Tensor  # (B, T) float, entropy of the sampling distribution at each position
     advantages: torch.Tensor  # (B, T) float
-    prm_step: torch.Tensor  # (B, T) long: index of the step a token belongs to, -1 if none
 
     @property
     def completion_ids(self) -> torch.Tensor:  # (B, T)
@@ -354,11 +359,6 @@ def collect_batch(policy, ref, tokenizer, task: Task, sampler: PromptSampler, cf
 
     # ---- advantages
     advantages = torch.zeros(B, T)  # (B, T)
-    prm_step = torch.full((B, T), -1, dtype=torch.long)  # (B, T)
-    for b, r in enumerate(rollouts):
-        for j, last in enumerate(r.step_last_token):
-            first = r.step_last_token[j - 1] + 1 if j else 0
-            prm_step[b, first : last + 1] = j
     if cfg.supervision == "process":
         for g in range(n_groups):
             group = rollouts[g * G : (g + 1) * G]
@@ -367,11 +367,8 @@ def collect_batch(policy, ref, tokenizer, task: Task, sampler: PromptSampler, cf
             adv = torch.as_tensor(adv, dtype=torch.float32)  # (G, maxlen)
             width = min(adv.shape[1], T)
             advantages[g * G : (g + 1) * G, :width] = adv[:, :width]
-            flat = torch.tensor([x for s in step_rewards for x in s], dtype=torch.float64)
-            mean = flat.mean() if len(flat) else 0.0
-            std = flat.std() if len(flat) > 1 else torch.tensor(0.0, dtype=torch.float64)
-            for i, (r, scores) in enumerate(zip(group, step_rewards, strict=True)):
-                r.step_reward_norm = [float((x - mean) / (std + 1e-6)) for x in scores]
+            for i, (r, normalized) in enumerate(zip(group, normalized_step_rewards(step_rewards), strict=True)):
+                r.step_reward_norm = normalized
                 r.advantage = float(adv[i, 0]) if r.length and adv.shape[1] else 0.0
     else:
         rewards = torch.tensor([r.reward for r in rollouts], dtype=torch.float32)  # (B,)
@@ -400,7 +397,7 @@ def collect_batch(policy, ref, tokenizer, task: Task, sampler: PromptSampler, cf
         rollouts=rollouts, dropped=dropped, gen_batches=gen_batches, input_ids=input_ids,
         attention_mask=attention_mask, prompt_len=P, token_mask=token_mask.to(device),
         loss_mask=loss_mask.to(device), old_logp=old_logp * token_mask.to(device), ref_logp=ref_logp,
-        entropy=entropy * token_mask.to(device), advantages=advantages.to(device), prm_step=prm_step.to(device),
+        entropy=entropy * token_mask.to(device), advantages=advantages.to(device),
     )
 
 

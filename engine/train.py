@@ -9,17 +9,18 @@
 
 Each step samples one batch of `batch_size` completions (G per prompt) from the current policy, which becomes
 pi_old for that step, then runs `epochs x minibatches` AdamW steps on it. From the second pass on, the policy has
-moved, so ratios leave 1 and the clip of each objective really acts (ALGORITHMS.md "Why clipping needs off-policy
-updates"). Everything the objective did is recorded through engine.runlog: per token per pass the log-prob the loss
-used, ratio, clip code, gradient weight, token loss and KL.
+moved, so ratios leave 1 and the clip of each objective really acts (on the first pass the policy is pi_old itself,
+every ratio is 1 and no clip can act). Everything the objective did is recorded through engine.runlog (the rows are
+built by engine.logrows): per token per pass the log-prob the loss used, ratio, clip code, gradient weight, token
+loss and KL.
 
 Step 0 is the warm start: only the held-out evaluation is logged there, so every curve starts at the warm start.
 
 Departures from the papers:
 1. The entropy passed to ASPO's entropy-dependent clip is the current pass's (detached), as in the Archer2.0 code,
    which computes it in the update forward.
-2. The sequence ratio logged per pass (`rollouts.seq_ratio`) is the plain geometric mean of token ratios, before any
-   algorithm-specific clipping (GMPO clips token log-ratios first).
+2. The sequence ratio logged per pass (`rollouts.seq_ratio`) is the one the objective used: for GMPO the geometric
+   mean of the token ratios after its per-token clip in log space, for GSPO the plain geometric mean.
 """
 
 from __future__ import annotations
@@ -32,18 +33,15 @@ import random
 import signal
 import threading
 import time
-from dataclasses import dataclass
 from pathlib import Path
 
-import numpy as np
 import torch
 
-from engine.config import TrainConfig
+from engine.config import TrainConfig, resolve_device
+from engine.logrows import PassRecord, eval_tables, pass_record, step_metrics, step_tables
 from engine.objectives import policy_loss
 from engine.rollout import Batch, EvalResult, PromptSampler, TokenText, collect_batch, evaluate, token_logprobs
 
-SEQUENCE_LEVEL = ("gspo", "gspo_token", "gmpo")
-"""Algorithms whose importance ratio is per sequence: their per-pass sequence ratio is logged per rollout."""
 
 def model_config(size: str):
     """engine.policy.ModelConfig of a built-in model size (TrainConfig.model_size)."""
@@ -58,36 +56,7 @@ CHECKPOINT_DIR = "checkpoints"
 CHECKPOINT_FILE = "latest.pt"
 
 
-def resolve_device(name: str) -> torch.device:
-    if name == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    return torch.device(name)
-
-
 # ----------------------------------------------------------------------------- one update
-
-
-@dataclass
-class PassRecord:
-    """What one optimizer pass did, on the rows `idx` of the batch (tensors on CPU, (b, T))."""
-
-    idx: torch.Tensor  # (b,) rows of the batch in this mini-batch
-    new_logp: torch.Tensor  # (b, T) log-probs the loss used (before this pass's optimizer step)
-    ratio: torch.Tensor  # (b, T)
-    clip: torch.Tensor  # (b, T) int8
-    grad_weight: torch.Tensor  # (b, T)
-    token_loss: torch.Tensor  # (b, T)
-    kl: torch.Tensor | None  # (b, T)
-    seq_ratio: torch.Tensor  # (b,) geometric mean of token ratios
-    loss: float
-    grad_norm: float
-
-
-def _pad_right(x: torch.Tensor, T: int, dtype=torch.float32) -> torch.Tensor:
-    """(b, t) -> (b, T) on CPU, zero-padded on the right (mini-batches are trimmed to their longest completion)."""
-    full = torch.zeros(x.shape[0], T, dtype=dtype)  # (b, T)
-    full[:, : x.shape[1]] = x.detach().to("cpu", dtype)
-    return full
 
 
 def update(policy, optimizer, batch: Batch, cfg: TrainConfig, generator: torch.Generator) -> list[PassRecord]:
@@ -122,195 +91,8 @@ def update(policy, optimizer, batch: Batch, cfg: TrainConfig, generator: torch.G
             grad_norm = float(torch.nn.utils.clip_grad_norm_(params, max_norm))
             optimizer.step()
 
-            # ---- diagnostics (no grad): everything is padded back to (b, T) for logging
-            with torch.no_grad():
-                tmask = batch.token_mask[idx, sl]
-                new_logp = logp.detach()
-                log_ratio = (new_logp - old_logp) * tmask
-                seq_ratio = torch.exp(log_ratio.sum(-1) / tmask.sum(-1).clamp(min=1))  # (b,)
-                kl = out.kl
-                if kl is None and ref_logp is not None:  # not in the loss, but worth watching: k3 estimator
-                    d = ref_logp - new_logp
-                    kl = (torch.exp(d) - d - 1) * tmask
-
-                def pad(x, dtype=torch.float32):
-                    return _pad_right(x, T, dtype)
-
-                records.append(PassRecord(
-                    idx=idx.cpu(), new_logp=pad(new_logp), ratio=pad(out.ratio), clip=pad(out.clip, torch.int8),
-                    grad_weight=pad(out.grad_weight), token_loss=pad(out.token_loss),
-                    kl=pad(kl) if kl is not None else None, seq_ratio=seq_ratio.cpu(), loss=float(out.loss),
-                    grad_norm=grad_norm,
-                ))
+            records.append(pass_record(idx, T, logp, out, grad_norm))  # padded back to (b, T) for logging
     return records
-
-
-# ----------------------------------------------------------------------------- logging tables
-
-
-def _rollout_rows(rollouts, kind: str, first_id: int, group_offset: int, seq_ratios=None) -> dict[str, list]:
-    cols: dict[str, list] = {k: [] for k in (
-        "rollout_id", "group_id", "index_in_group", "kind", "prompt_id", "prompt", "completion", "answer", "reward",
-        "reward_correct", "reward_process", "reward_length", "advantage", "length", "truncated", "filtered",
-        "filter_reason", "seq_ratio")}
-    for i, r in enumerate(rollouts):
-        cols["rollout_id"].append(first_id + i)
-        cols["group_id"].append(group_offset + r.group_id)
-        cols["index_in_group"].append(r.index_in_group)
-        cols["kind"].append(kind)
-        cols["prompt_id"].append(r.problem.prompt_id)
-        cols["prompt"].append(r.problem.prompt)
-        cols["completion"].append(r.completion)
-        cols["answer"].append(r.problem.answer)
-        cols["reward"].append(r.reward)
-        cols["reward_correct"].append(r.reward_correct)
-        cols["reward_process"].append(r.reward_process)
-        cols["reward_length"].append(r.reward_length)
-        cols["advantage"].append(r.advantage)
-        cols["length"].append(r.length)
-        cols["truncated"].append(r.truncated)
-        cols["filtered"].append(r.filtered)
-        cols["filter_reason"].append(r.filter_reason)
-        cols["seq_ratio"].append(seq_ratios[i] if seq_ratios is not None else None)
-    return cols
-
-
-def _token_rows(rollouts, first_id: int, tt: TokenText, old_logp, ref_logp, entropy, advantages) -> dict:
-    """Token rows of rollouts whose (n, T) tensors are given (rows in the same order as `rollouts`)."""
-    lengths = [r.length for r in rollouts]
-    n = sum(lengths)
-    rid = np.repeat(np.arange(first_id, first_id + len(rollouts)), lengths)
-    pos = np.concatenate([np.arange(L) for L in lengths]) if n else np.zeros(0, dtype=np.int64)
-    token_ids = [t for r in rollouts for t in r.completion_ids]
-    keep = torch.zeros(old_logp.shape, dtype=torch.bool)
-    for b, L in enumerate(lengths):
-        keep[b, :L] = True
-
-    def flat(x):
-        return x.detach().cpu()[keep].numpy().astype(np.float64) if x is not None else np.full(n, np.nan)
-
-    prm = np.full(n, -1, dtype=np.int64)
-    k = 0
-    for r in rollouts:
-        for j, last in enumerate(r.step_last_token):
-            first = r.step_last_token[j - 1] + 1 if j else 0
-            prm[k + first : k + last + 1] = j
-        k += r.length
-    return {
-        "rollout_id": rid, "position": pos, "token_id": np.asarray(token_ids, dtype=np.int64),
-        "token_text": [tt.token(t) for t in token_ids], "old_logp": flat(old_logp), "ref_logp": flat(ref_logp),
-        "entropy": flat(entropy), "advantage": flat(advantages) if advantages is not None else np.zeros(n),
-        "prm_step": [None if p < 0 else int(p) for p in prm],
-    }
-
-
-def _prm_rows(rollouts, first_id: int) -> dict[str, list]:
-    cols: dict[str, list] = {k: [] for k in (
-        "rollout_id", "step_index", "first_pos", "last_pos", "text", "reward_raw", "reward_norm")}
-    for i, r in enumerate(rollouts):
-        for j, (s, last) in enumerate(zip(r.steps, r.step_last_token, strict=True)):
-            cols["rollout_id"].append(first_id + i)
-            cols["step_index"].append(j)
-            cols["first_pos"].append(r.step_last_token[j - 1] + 1 if j else 0)
-            cols["last_pos"].append(last)
-            cols["text"].append(s.text)
-            cols["reward_raw"].append(s.score)
-            cols["reward_norm"].append(r.step_reward_norm[j] if r.step_reward_norm else None)
-    return cols
-
-
-def _pass_rows(records: list[PassRecord], batch: Batch) -> dict[str, np.ndarray]:
-    parts: dict[str, list] = {k: [] for k in (
-        "pass", "rollout_id", "position", "new_logp", "ratio", "clip", "grad_weight", "token_loss", "kl")}
-    for p, rec in enumerate(records):
-        keep = batch.token_mask[rec.idx].cpu() > 0  # (b, T)
-        rows, cols = keep.nonzero(as_tuple=True)
-        parts["pass"].append(np.full(len(rows), p, dtype=np.int64))
-        parts["rollout_id"].append(rec.idx[rows].numpy().astype(np.int64))
-        parts["position"].append(cols.numpy().astype(np.int64))
-        for name in ("new_logp", "ratio", "grad_weight", "token_loss"):
-            parts[name].append(getattr(rec, name)[keep].numpy().astype(np.float64))
-        parts["clip"].append(rec.clip[keep].numpy())
-        parts["kl"].append(rec.kl[keep].numpy().astype(np.float64) if rec.kl is not None
-                           else np.full(len(rows), np.nan))
-    return {k: np.concatenate(v) for k, v in parts.items()}
-
-
-def _eval_tables(ev: EvalResult, first_id: int, group_offset: int, tt: TokenText, log_tokens: bool):
-    rollouts = _rollout_rows(ev.rollouts, "eval", first_id, group_offset)
-    if not log_tokens:
-        return rollouts, None, None
-    tokens = _token_rows(ev.rollouts, first_id, tt, ev.old_logp, ev.ref_logp, ev.entropy, None)
-    return rollouts, tokens, _prm_rows(ev.rollouts, first_id)
-
-
-def _concat(a: dict | None, b: dict | None) -> dict | None:
-    if a is None or b is None:
-        return a if b is None else b
-    return {k: list(a[k]) + list(b[k]) if isinstance(a[k], list) else np.concatenate([a[k], b[k]]) for k in a}
-
-
-def step_metrics(batch: Batch, records: list[PassRecord], ev: EvalResult | None, cfg: TrainConfig) -> dict:
-    """One `steps` row. Rewards, accuracy and lengths cover every sampled rollout of the step (dropped groups
-    included, so DAPO's training accuracy is not biased towards 50%); clip fractions are over loss tokens of all
-    passes; KL is the mean per-token k3 KL to pi_ref over the passes."""
-    tm = batch.token_mask.cpu()  # (B, T)
-    lm = batch.loss_mask.cpu()  # (B, T)
-    n_loss_tokens = max(1.0, float(lm.sum()) * len(records) / cfg.epochs)
-    clip_counts = [sum(float(((r.clip == c) & (lm[r.idx] > 0)).sum()) for r in records) for c in (1, 2, 3)]
-    kls = [float((r.kl * tm[r.idx]).sum() / tm[r.idx].sum().clamp(min=1)) for r in records if r.kl is not None]
-    every = batch.rollouts + batch.dropped
-    rewards = np.array([r.reward for r in every])
-    lengths = np.array([r.length for r in every])
-    return {
-        "reward_mean": float(rewards.mean()),
-        "reward_std": float(rewards.std(ddof=1)) if len(rewards) > 1 else 0.0,
-        "accuracy": float(np.mean([r.reward_correct for r in every])),
-        "heldout_accuracy": ev.accuracy_greedy if ev else None,
-        "heldout_accuracy_sampled": ev.accuracy_sampled if ev else None,
-        "entropy": float((batch.entropy.cpu() * tm).sum() / tm.sum()),
-        "kl": float(np.mean(kls)) if kls else None,
-        "clip_low_frac": clip_counts[0] / n_loss_tokens,
-        "clip_high_frac": clip_counts[1] / n_loss_tokens,
-        "clip_dual_frac": clip_counts[2] / n_loss_tokens,
-        "response_len_mean": float(lengths.mean()),
-        "response_len_max": int(lengths.max()),
-        "truncated_frac": float(np.mean([r.truncated for r in every])),
-        "groups_kept": cfg.prompts_per_step,
-        "groups_filtered": len(batch.dropped) // cfg.group_size,
-        "gen_batches": batch.gen_batches,
-        "loss": float(np.mean([r.loss for r in records])),
-        "grad_norm": float(np.mean([r.grad_norm for r in records])),
-        "lr": cfg.lr,
-    }
-
-
-def step_tables(batch: Batch, records: list[PassRecord], ev: EvalResult | None, cfg: TrainConfig,
-                tt: TokenText) -> dict:
-    """The step's rows for engine.runlog: rollout ids are the kept batch (0..B-1), then the dropped groups, then
-    the held-out rollouts; group ids likewise, so both are unique within the step."""
-    B = len(batch.rollouts)
-    seq_ratios = None
-    if cfg.algo in SEQUENCE_LEVEL:
-        seq_ratios = [[] for _ in range(B)]
-        for rec in records:
-            for i, s in zip(rec.idx.tolist(), rec.seq_ratio.tolist(), strict=True):
-                seq_ratios[i].append(s)
-    rollouts = _rollout_rows(batch.rollouts, "train", 0, 0, seq_ratios)
-    rollouts = _concat(rollouts, _rollout_rows(batch.dropped, "train", B, 0))
-    tokens = passes = prm = None
-    if cfg.log_tokens:
-        tokens = _token_rows(batch.rollouts, 0, tt, batch.old_logp, batch.ref_logp, batch.entropy,
-                             batch.advantages)
-        passes = _pass_rows(records, batch)
-        prm = _concat(_prm_rows(batch.rollouts, 0), _prm_rows(batch.dropped, B))
-    if ev is not None:
-        first = B + len(batch.dropped)
-        groups = cfg.prompts_per_step + len(batch.dropped) // cfg.group_size
-        e_roll, e_tok, e_prm = _eval_tables(ev, first, groups, tt, cfg.log_tokens)
-        rollouts = _concat(rollouts, e_roll)
-        tokens, prm = _concat(tokens, e_tok), _concat(prm, e_prm)
-    return {"rollouts": rollouts, "tokens": tokens, "token_passes": passes, "prm_steps": prm}
 
 
 # ----------------------------------------------------------------------------- checkpoints
@@ -481,7 +263,7 @@ def train(cfg: TrainConfig, run_name: str, logs_dir: str | Path = "logs", *, res
                 # ---- step 0: the warm start's held-out accuracy, so every curve starts there
                 ev = run_eval(0)
                 heldout = ev.accuracy_greedy
-                rollouts, tokens, prm = _eval_tables(ev, 0, 0, tt, cfg.log_tokens)
+                rollouts, tokens, prm = eval_tables(ev, 0, 0, tt, cfg.log_tokens)
                 writer.log_step(0, metrics={"heldout_accuracy": heldout,
                                             "heldout_accuracy_sampled": ev.accuracy_sampled},
                                 rollouts=rollouts, tokens=tokens, prm_steps=prm)

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import torch
 
-# The author defaults, typed again from ALGORITHMS.md (not imported from the engine).
+# The author defaults, typed again from the papers (not imported from the engine).
 PUBLISHED = {
     "grpo": {"eps_low": 0.2, "eps_high": 0.2, "beta": 0.04, "aggregation": "seq-mean-token-mean"},
     "dapo": {"eps_low": 0.2, "eps_high": 0.28, "beta": 0.0, "aggregation": "token-mean"},

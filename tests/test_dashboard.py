@@ -21,7 +21,7 @@ import pytest
 import torch
 from streamlit.testing.v1 import AppTest
 
-from engine.objectives import policy_loss
+from engine.objectives import ALGORITHMS, CLIP_HIGH, CLIP_LOW, policy_loss
 
 APP = str(Path(__file__).resolve().parent.parent / "dashboard" / "streamlit_app.py")
 TIMEOUT = 120  # the first page that imports torch takes a few seconds on a busy machine
@@ -227,7 +227,7 @@ def test_prm_page_shows_logged_step_rewards_and_the_seed_sandbox(trained_prm, mo
     shown = dataframe(at, "completion", "step_index", "reward_norm")
     np.testing.assert_allclose(shown["reward_raw"], steps["reward_raw"], rtol=1e-9)
     np.testing.assert_allclose(shown["reward_norm"], steps["reward_norm"], rtol=1e-9)
-    # The sandbox, prefilled with the seed's example: normalized over all six step rewards (unbiased std).
+    # The sandbox, prefilled with two solutions of 2x + 3 = 7: normalized over all six step rewards (unbiased std).
     rewards = np.array([0.9, 0.95, 0.8, 0.9, -0.8, -0.9])
     normalized = (rewards - rewards.mean()) / (rewards.std(ddof=1) + 1e-6)
     table = dataframe(at, "step 1 normalized")
@@ -241,7 +241,7 @@ def test_weighting_page_reports_what_policy_loss_computes(trained, monkeypatch):
     group = int(at.query_params["group"])
     update = int(at.query_params["update"]) if "update" in at.query_params else None
     table = dataframe(at, "algorithm", "low", "high").set_index("algorithm")
-    assert list(table.index) == ["grpo", "dapo", "gspo", "aspo", "dr_grpo", "cispo"]
+    assert list(table.index) == list(ALGORITHMS)  # every algorithm of the registry, in its order
     # Independently: build the (B, T) tensors from the files and ask policy_loss for GRPO's clip fractions.
     ids = independent(logs_dir, "rollouts", "WHERE run = ? AND step = ? AND group_id = ? AND kind = 'train'",
                       [run, step, group]).sort_values("rollout_id")["rollout_id"].tolist()
@@ -271,8 +271,8 @@ def test_weighting_page_reports_what_policy_loss_computes(trained, monkeypatch):
                       ref_logp=torch.tensor(np.where(grids["mask"] > 0, grids["ref_logp"], grids["new_logp"]))
                       if has_ref else None, entropy=torch.tensor(grids["entropy"]))
     codes = out.clip.numpy()[grids["mask"] > 0]
-    assert table.loc["grpo", "low"] == pytest.approx((codes == 1).mean())
-    assert table.loc["grpo", "high"] == pytest.approx((codes == 2).mean())
+    assert table.loc["grpo", "low"] == pytest.approx((codes == CLIP_LOW).mean())
+    assert table.loc["grpo", "high"] == pytest.approx((codes == CLIP_HIGH).mean())
     # Changing a knob recomputes: GRPO with a huge clip range clips nothing.
     knobs = at.session_state["weigh_knobs"]
     assert knobs is not None

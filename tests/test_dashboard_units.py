@@ -126,3 +126,19 @@ def test_heatmaps_send_explicit_colour_stops_in_the_direction_of_the_token_view(
     assert stops[0][1] == "rgb(103,0,31)" and stops[-1][1] == "rgb(5,48,97)"  # red for -, blue for +
     weights = charts.weight_heatmaps({"grpo": np.array([[0.1, -0.1]])}, ["r0"])
     assert not isinstance(weights.data[0].colorscale, str)
+
+
+def test_weighting_and_sandbox_take_their_lists_and_numbers_from_the_engine():
+    from dashboard import recompute
+    from engine.advantages import normalized_step_rewards, process_advantages
+    from engine.objectives import ALGORITHMS, CLIP_EVENTS, CLIP_NAMES
+
+    assert recompute.author_knobs()["algorithm"].tolist() == list(ALGORITHMS)
+    weighting = recompute.Weighting(grad_weight=np.zeros((1, 4)), clip=np.array([[0, 1, 2, 3]]),
+                                    ratio=np.ones((1, 4)), total_weight=np.zeros(1), params={})
+    row = recompute.clip_fraction_row("grpo", weighting)
+    assert [row[CLIP_NAMES[c]] for c in CLIP_EVENTS] == [0.25, 0.25, 0.25]
+    rewards, lengths = [[0.9, 0.95, 0.8], [0.9, -0.8, -0.9]], [[4, 4, 2], [3, 3, 3]]
+    advantages, normalized = recompute.process_sandbox(rewards, lengths)
+    assert normalized == normalized_step_rewards(rewards)
+    np.testing.assert_array_equal(advantages, process_advantages(rewards, [[3, 7, 9], [2, 5, 8]], [10, 9]).numpy())

@@ -308,11 +308,13 @@ def test_grpo_kl_term_value_and_gradient():
     torch.testing.assert_close(out.loss, torch.tensor(-1 + 0.04 * k3, dtype=F64))
     torch.testing.assert_close(out.token_loss, torch.tensor([[-1 + 0.04 * k3]], dtype=F64))
     torch.testing.assert_close(out.grad_weight, torch.tensor([[1 + 0.04 * (math.exp(0.1) - 1)]], dtype=F64))
-    # no reference, or beta = 0: no KL
+    # no reference: no KL; beta = 0: the KL is reported (the trainer logs it) but is not in the loss or the weight
     assert policy_loss("grpo", logp, logp.detach(), torch.tensor([1.0], dtype=F64), torch.ones(1, 1)).kl is None
     no_beta = policy_loss("grpo", logp, logp.detach(), torch.tensor([1.0]), torch.ones(1, 1), ref_logp=ref, beta=0.0)
-    assert no_beta.kl is None
+    torch.testing.assert_close(no_beta.kl, torch.tensor([[k3]], dtype=F64))
     torch.testing.assert_close(no_beta.loss, torch.tensor(-1.0, dtype=F64))
+    torch.testing.assert_close(no_beta.token_loss, torch.tensor([[-1.0]], dtype=F64))
+    torch.testing.assert_close(no_beta.grad_weight, torch.tensor([[1.0]], dtype=F64))
 
 
 def test_aspo_entropy_dependent_clip_range():
@@ -635,3 +637,41 @@ def test_algorithm_specific_validation():
         policy_loss("sapo", logp, old, A, m, eps_low=0.2)  # SAPO has no clip range
     # GMPO's range is in log space: eps above 1 is fine
     policy_loss("gmpo", logp, old, A, m, eps_low=1.5)
+
+
+# ---------------------------------------------------------------- the registry
+
+
+@pytest.mark.parametrize("algo", ALGORITHMS)
+def test_seq_ratio_is_reported_exactly_for_sequence_level_objectives(algo):
+    from engine.objectives import OBJECTIVES
+
+    d = torch.tensor([[0.2, -0.1, 0.0], [0.05, 0.3, 0.0]], dtype=F64)  # log r
+    m = torch.tensor([[1.0, 1.0, 0.0], [1.0, 1.0, 1.0]], dtype=F64)
+    old = torch.zeros(2, 3, dtype=F64)
+    out = policy_loss(algo, old + d, old, torch.tensor([1.0, -1.0], dtype=F64), m)
+    assert (out.seq_ratio is not None) == OBJECTIVES[algo].sequence_level == (algo in ("gspo", "gspo_token", "gmpo"))
+    if out.seq_ratio is None:
+        return
+    # the ratio the objective used, the same on every token of the sequence
+    torch.testing.assert_close(out.ratio[m > 0], out.seq_ratio[:, None].expand(2, 3)[m > 0])
+    if algo != "gmpo":  # GSPO: geometric mean of the token ratios, exp(0.05) and exp(0.35 / 3)
+        torch.testing.assert_close(out.seq_ratio, torch.tensor([math.exp(0.05), math.exp(0.35 / 3)], dtype=F64))
+    else:  # GMPO clips each log ratio to +-0.4 on its advantage's side first: nothing reaches it here
+        torch.testing.assert_close(out.seq_ratio, torch.tensor([math.exp(0.05), math.exp(0.35 / 3)], dtype=F64))
+        clipped = policy_loss(algo, old + 3 * d, old, torch.tensor([1.0, -1.0], dtype=F64), m)
+        # row 0: A > 0, log r (0.6, -0.3) -> (0.4, -0.3); row 1: A < 0, (0.15, 0.9, 0) unclipped below
+        torch.testing.assert_close(clipped.seq_ratio, torch.tensor([math.exp(0.05), math.exp(1.05 / 3)], dtype=F64))
+
+
+def test_resolve_is_the_validation_policy_loss_uses():
+    from engine.objectives import resolve
+
+    logp, old, A, m = ok_inputs()
+    for algo, bad in (("grpo", {"eps_low": 1.5}), ("aspo", {"dual_clip": 0.5}), ("dapo", {"aggregation": "x"})):
+        with pytest.raises(ValueError) as direct:
+            resolve(algo, **bad)
+        with pytest.raises(ValueError) as via_loss:
+            policy_loss(algo, logp, old, A, m, **bad)
+        assert str(direct.value) == str(via_loss.value)
+    assert resolve("gspo", beta=0.1) == {**defaults("gspo"), "beta": 0.1}

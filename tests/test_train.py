@@ -12,7 +12,7 @@ import pytest
 import torch
 from conftest import TINY
 
-from engine.objectives import ALGORITHMS, defaults
+from engine.objectives import ALGORITHMS, CLIP_HIGH, CLIP_LOW, CLIP_NONE, defaults
 from engine.runlog import RunReader
 
 pytestmark = pytest.mark.slow
@@ -84,7 +84,7 @@ def test_each_algorithm_trains_and_logs_consistent_values(algo_runs, warm_cache,
     # pass 0 sees the sampling policy itself: ratio 1, nothing clipped
     first = tp[tp["pass"] == 0]
     np.testing.assert_allclose(first.ratio, 1.0, atol=1e-4)
-    assert (first["clip"] == 0).all() or algo in ("cispo", "sapo")  # soft caps may mark code 3 at r == 1
+    assert (first["clip"] == CLIP_NONE).all() or algo in ("cispo", "sapo")  # soft caps may mark a cap at r == 1
     assert (tp.ratio - 1).abs().max() > 1e-3, "ratios never left 1: the update passes are not off-policy"
 
     # ---- clip codes agree with ratios, advantages and eps
@@ -92,13 +92,14 @@ def test_each_algorithm_trains_and_logs_consistent_values(algo_runs, warm_cache,
     adv = tp.adv.to_numpy()
     if algo in ("grpo", "dapo", "dr_grpo", "gspo", "gspo_token"):
         lo, hi = 1 - p["eps_low"], 1 + p["eps_high"]
-        np.testing.assert_array_equal(tp["clip"] == 1, (adv < 0) & (tp.ratio < lo))
-        np.testing.assert_array_equal(tp["clip"] == 2, (adv > 0) & (tp.ratio > hi))
+        np.testing.assert_array_equal(tp["clip"] == CLIP_LOW, (adv < 0) & (tp.ratio < lo))
+        np.testing.assert_array_equal(tp["clip"] == CLIP_HIGH, (adv > 0) & (tp.ratio > hi))
     if algo in ("grpo", "dapo", "dr_grpo"):
         np.testing.assert_allclose(tp.ratio, np.exp(tp.new_logp - tp.old_logp), rtol=1e-5)
     if algo == "aspo":  # eps 0.2, or 0.4 on high-entropy tokens
-        assert ((adv[tp["clip"] == 1] < 0) & (tp.ratio[tp["clip"] == 1] < 0.8)).all()
-        assert ((adv[tp["clip"] == 2] > 0) & (tp.ratio[tp["clip"] == 2] > 1.2)).all()
+        low, high = tp["clip"] == CLIP_LOW, tp["clip"] == CLIP_HIGH
+        assert ((adv[low] < 0) & (tp.ratio[low] < 0.8)).all()
+        assert ((adv[high] > 0) & (tp.ratio[high] > 1.2)).all()
     if algo in ("gspo", "gspo_token", "gmpo"):  # one sequence ratio per rollout and pass, logged on rollouts too
         spread = tp.groupby(["step", "pass", "rollout_id"]).ratio.agg(lambda x: x.max() - x.min())
         assert spread.max() < 1e-5
@@ -106,7 +107,7 @@ def test_each_algorithm_trains_and_logs_consistent_values(algo_runs, warm_cache,
         assert all(len(s) == epochs for s in seq.seq_ratio)
 
     # ---- grad weights: zero on hard-clipped tokens (up to the KL term for algorithms with beta > 0)
-    clipped = tp[tp["clip"].isin([1, 2])]
+    clipped = tp[tp["clip"].isin([CLIP_LOW, CLIP_HIGH])]
     if cfg["beta"] == 0:
         np.testing.assert_allclose(clipped.grad_weight, 0.0, atol=1e-9)
     else:

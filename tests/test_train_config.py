@@ -54,13 +54,16 @@ def test_overrides_win_over_presets():
     [
         (dict(group_size=1), "group_size must be >= 2"),
         (dict(batch_size=30, group_size=8), r"multiple of group_size.*--batch-size 24"),
-        (dict(eps_low=1.5), r"eps_low must be in \(0, 1\]"),
-        (dict(eps_high=0.0), "eps_high must be > 0"),
+        (dict(eps_low=1.5), r"eps_low = 1.5 for 'grpo' is invalid; accepted: a number in \(0, 1\]"),
+        (dict(eps_high=0.0), r"eps_high = 0.0 for 'grpo' is invalid; accepted: a finite number > 0"),
+        (dict(algo="gmpo", eps_low=1.5, eps_high=0.0), "eps_high = 0.0 for 'gmpo'"),  # log space: 1.5 is fine
+        (dict(algo="aspo", dual_clip=1.0), r"dual_clip = 1.0 is invalid; accepted: a finite number > 1"),
+        (dict(algo="dapo", aggregation="sum"), "unknown aggregation 'sum'; accepted: seq-mean-token-mean"),
         (dict(algo="ppo2"), "unknown algo 'ppo2'; choose one of: grpo, dapo"),
         (dict(task="sudoku"), "unknown task 'sudoku'; choose one of: linear"),
         (dict(overlong_max_len=20, overlong_cache_len=25), r"overlong_cache_len \(L_cache = 25\)"),
         (dict(supervision="reward-model"), "supervision must be one of"),
-        (dict(algo="grpo", tau_pos=1.0), "tau_pos is not a hyper-parameter of grpo"),
+        (dict(algo="grpo", tau_pos=1.0), "'tau_pos': not a hyper-parameter of 'grpo'; accepted: eps_low"),
         (dict(temperature=0.0), "temperature"),
         (dict(top_p=1.5), "top_p"),
         (dict(minibatches=100, batch_size=64), "minibatches must be in"),
@@ -115,3 +118,32 @@ def test_sft_steps_default_to_the_tasks_own_and_are_saved_concrete(task):
     assert cfg.to_dict()["sft_steps"] == cfg.sft_steps  # the saved config names the number, not "task default"
     assert TrainConfig(task=task, sft_steps=7).sft_steps == 7
     assert TrainConfig.from_dict(cfg.to_dict()).sft_steps == cfg.sft_steps
+
+
+# ---------------------------------------------------------------- everything derives from engine.objectives
+
+
+@pytest.mark.parametrize("algo", ALGORITHMS)
+def test_every_registry_algorithm_is_a_train_choice_with_its_papers_loop_settings(algo, capsys):
+    from engine.cli import build_parser, main
+    from engine.config import LOOP_DEFAULTS
+    from engine.objectives import OBJECTIVES
+
+    assert main(["train", "--algo", algo, "--print-config"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["algo"] == algo
+    # Loop settings: the registry entry's own, the common defaults for the rest; nothing else decides them.
+    assert {k: out[k] for k in LOOP_DEFAULTS} == {**LOOP_DEFAULTS, **dict(OBJECTIVES[algo].loop)}
+    help_text = " ".join(build_parser()._subparsers._group_actions[0].choices["train"].format_help().split())
+    assert f"Choices: {', '.join(ALGORITHMS)}." in help_text
+
+
+def test_objective_fields_are_every_knob_of_the_registry_and_config_fields():
+    from engine.config import OBJECTIVE_FIELDS
+    from engine.objectives import OBJECTIVES
+
+    knobs = {name for o in OBJECTIVES.values() for name in o.defaults()}
+    assert set(OBJECTIVE_FIELDS) == knobs
+    assert knobs <= {f.name for f in knob_fields()}
+    for o in OBJECTIVES.values():  # a paper's loop setting names a real field
+        assert {k for k, _ in o.loop} <= {f.name for f in knob_fields()}

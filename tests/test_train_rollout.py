@@ -79,3 +79,10 @@ def test_group_signal_names_why_a_group_is_dropped():
     # process supervision: a group with identical outcomes but different step scores carries a signal
     assert group_signal(_group([1.0, 1.0], scores=[[1.0, 1.0], [1.0, -1.0]]), "process") is None
     assert group_signal(_group([1.0, 1.0], scores=[[1.0], [1.0, 1.0]]), "process") == "all_correct"
+
+
+def test_step_spans_start_after_the_previous_step():
+    r = _group([1.0])[0]
+    assert r.step_spans == []  # no steps (e.g. a completion the step verifier finds nothing in)
+    r.step_last_token = [1, 4, 5]
+    assert r.step_spans == [(0, 1), (2, 4), (5, 5)]

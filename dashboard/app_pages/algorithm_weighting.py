@@ -1,4 +1,4 @@
-"""Algorithm weighting: on the same logged tokens, what GRPO, DAPO, GSPO, ASPO, Dr. GRPO and CISPO would do.
+"""Algorithm weighting: on the same logged tokens, what every algorithm of `engine.objectives.ALGORITHMS` would do.
 
 Every number on this page comes from `engine.objectives.policy_loss` (via dashboard.recompute); the page only
 chooses the tokens and the knobs and draws the answers.

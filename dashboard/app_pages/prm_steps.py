@@ -9,8 +9,8 @@ import streamlit as st
 from dashboard import charts, common, queries, recompute
 from dashboard.tokens import reasoning_steps_html
 
-# The seed's worked example: two solutions of 2x + 3 = 7 scored step by step by a PRM.
-SEED_EXAMPLE = pd.DataFrame(
+# A worked example: two solutions of 2x + 3 = 7 scored step by step by a PRM (the second goes wrong at step 2).
+WORKED_EXAMPLE = pd.DataFrame(
     {
         "completion": ["2x = 7 - 3 → 2x = 4 → x = 2 (right)", "2x = 7 + 3 → 2x = 10 → x = 5 (wrong)"],
         "step 1 reward": [0.9, 0.9], "step 2 reward": [0.95, -0.8], "step 3 reward": [0.8, -0.9],
@@ -69,9 +69,9 @@ def logged_view() -> None:
 def sandbox() -> None:
     """Edit a group's step rewards; advantages come from engine.advantages.process_advantages."""
     st.subheader("Sandbox: step rewards → normalized rewards → per-token advantages")
-    st.caption("Prefilled with the seed's two solutions of 2x + 3 = 7. Add rows for more completions; leave a "
+    st.caption("Prefilled with two worked solutions of 2x + 3 = 7. Add rows for more completions; leave a "
                "step's reward empty for shorter solutions.")
-    table = st.data_editor(SEED_EXAMPLE, num_rows="dynamic", hide_index=True, key="prm_sandbox")
+    table = st.data_editor(WORKED_EXAMPLE, num_rows="dynamic", hide_index=True, key="prm_sandbox")
     step_rewards, step_lengths, labels = [], [], []
     for i, row in table.reset_index(drop=True).iterrows():
         rewards, lengths = [], []

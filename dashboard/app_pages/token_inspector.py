@@ -7,7 +7,8 @@ import functools
 import streamlit as st
 
 from dashboard import charts, common, queries, report
-from dashboard.tokens import CHANNELS, CLIP_NAMES, token_heatmap_html
+from dashboard.tokens import CHANNELS, token_heatmap_html
+from engine.objectives import CLIP_EVENTS, CLIP_NAMES
 
 selection = common.require_selection()
 logs, run, step = selection.logs_dir, selection.run, selection.step
@@ -89,7 +90,7 @@ elif CHANNELS[channel].column in tokens.columns and tokens[CHANNELS[channel].col
 st.html(token_heatmap_html(tokens, channel))
 if "clip" in tokens.columns and tokens["clip"].notna().any():
     counts = tokens["clip"].fillna(0).astype(int).value_counts()
-    st.caption("Clip events in this pass: " + ", ".join(f"{CLIP_NAMES[c]} {counts.get(c, 0)}" for c in (1, 2, 3)))
+    st.caption("Clip events in this pass: " + ", ".join(f"{CLIP_NAMES[c]} {counts.get(c, 0)}" for c in CLIP_EVENTS))
 
 st.subheader("Token × channel")
 st.plotly_chart(charts.token_channel_heatmap(tokens, channel_names), key="token_channel_heatmap")
