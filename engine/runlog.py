@@ -208,6 +208,10 @@ def _not_listable(err: OSError) -> str:
     return "not a folder" if isinstance(err, NotADirectoryError) else f"cannot be listed ({err.strerror})"
 
 
+def _logs_dir_error(logs_dir: Path, err: OSError) -> RunLogError:
+    return RunLogError(f"{_shown(logs_dir)} is {_not_listable(err)}: the logs folder holds one folder per run")
+
+
 def _run_folders(logs_dir: Path, problems: list[str]) -> list[Path]:
     """The run folders directly inside `logs_dir`, by name: the one definition of what is a run, shared by
     `list_runs` and `RunReader`. A folder that is not a run (bad name, symlink out of the logs folder, no
@@ -217,7 +221,7 @@ def _run_folders(logs_dir: Path, problems: list[str]) -> list[Path]:
     except FileNotFoundError:
         return []
     except OSError as err:
-        raise RunLogError(f"{_shown(logs_dir)} is {_not_listable(err)}: the logs folder holds one folder per run") from None
+        raise _logs_dir_error(logs_dir, err) from None
     runs = []
     for entry in entries:
         if entry.name.startswith(".") or not entry.is_dir():
@@ -1050,7 +1054,7 @@ class RunReader:
         self._verified: set[str] = set()  # files every page of which was decoded once (see `_find_damaged`)
         self._meta_cache: dict[str, tuple[int, int, dict]] = {}
         if self.logs_dir.exists() and not self.logs_dir.is_dir():
-            raise RunLogError(f"{_shown(self.logs_dir)} is not a folder: the logs folder holds one folder per run")
+            raise _logs_dir_error(self.logs_dir, NotADirectoryError())
         if self.only is not None:
             for name in self.only:  # fail early and clearly for a run asked for by name
                 _read_run_json(self.logs_dir / name)

@@ -460,7 +460,7 @@ def test_sql_is_read_only_over_the_run_s_data(tmp_path, attack):
     r = RunReader(logs, runs="a")
     query = attack.format(outside=outside, run_dir=logs / "a", other_run=logs / "b")
     # Refused as such, not failing on the way (a download that could not connect, say).
-    with pytest.raises((duckdb.Error, RunLogError), match="Permission Error|read-only|locked|Cannot enable"):
+    with pytest.raises((duckdb.Error, RunLogError), match=r"Permission Error|read-only|locked|Cannot enable"):
         r.sql(query)
     assert sorted(p for p in tmp_path.rglob("*")) == before  # nothing written anywhere
     assert token_counts(r, "a") == {0: 12, 1: 12}  # and the tables still answer
