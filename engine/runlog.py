@@ -39,9 +39,15 @@ How the behaviour the issue asks for is obtained:
    increase, so a re-logged step never duplicates rows: logging a step <= ``last_step`` is an error. To restart from
    a checkpoint older than the log, pass ``truncate_after=checkpoint_step``: the log of steps after it is deleted
    first (a chunk that straddles it is rewritten and the rewrite wins by its newer sequence number).
-6. Damaged or foreign files: every Parquet file is checked once (footer and schema) before it enters a view;
-   bad files, foreign files, unreadable ``run.json`` and runs of a newer schema version are skipped and listed in
-   ``RunReader.problems``. Asking for such a run by name raises `RunLogError` naming the file or run.
+6. Damaged or foreign files cost only themselves: every Parquet file is checked once (footer and schema) before it
+   enters a view; bad files, foreign files, files where a step folder belongs, unreadable ``run.json``, folders
+   that are not valid run names and runs of a newer schema version are skipped and listed in
+   ``RunReader.problems``. Damage inside a file's data pages shows only when a query decodes them: the reader then
+   finds the file (from DuckDB's message, or by decoding each file not yet known to be whole once), leaves it out
+   and runs the query again (`RunReader._handle_file_error`). Asking for such a run by name raises `RunLogError`.
+7. Read-only SQL: a reader runs reading statements only, and its DuckDB may open no file outside the runs it reads
+   (external access off but for those folders, no extension installed or loaded, configuration locked);
+   ``RunReader(..., unsafe=True)`` is a full DuckDB shell instead.
 
 Logging from any training loop (the engine does the same in ``engine/train.py``)::
 
