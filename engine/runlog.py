@@ -1207,7 +1207,7 @@ class RunReader:
             info = _run_info(run_dir, meta, last)
             info["config"] = json.dumps(info["config"])
             runs_rows.append(tuple(info[name] for name in RUNS_SCHEMA.names))
-        problems.extend(f"{path}: {msg} (skipped)" for path, msg in self._quarantined.items())
+        problems.extend(f"{_shown(path)}: {msg} (skipped)" for path, msg in self._quarantined.items())
         for gone in self._segments.keys() - self._seen_segments:  # compacted away: forget
             del self._segments[gone]
         return problems, files, runs_rows
@@ -1329,6 +1329,9 @@ class RunReader:
             except duckdb.Error as file_err:
                 if not self._connection_usable():
                     self._con = self._connect()
+                if not os.path.exists(path):  # compacted away meanwhile: the refresh after this drops it
+                    found = True
+                    continue
                 self._quarantine(path, f"damaged data pages (DuckDB: {str(file_err).splitlines()[0] or error})")
                 found = True
             else:
