@@ -189,6 +189,8 @@ def test_dashboard_queries_read_a_damaged_logs_folder(tmp_path):
     table = queries.runs_table(logs)
     assert table.run.tolist() == ["good-a", "pages", "folder", "good-b"]
     assert table.steps_logged.tolist() == [2, 2, 2, 1]
+    # The latest held-out accuracy is the last one logged (step 0; step 1 did not evaluate), as `policylens runs` says.
+    assert table.heldout_accuracy[0] == 0.5 and table.heldout_step[0] == 0
     assert any("run=pages/step-000000001" in p for p in queries.reader_problems(logs))
     replay = queries.eval_prompt_across_runs(logs, "arith", 0, 10)  # reads every run's rollouts
     assert replay.empty  # write_run logs no eval rollouts; the point is that the query answers
