@@ -219,10 +219,10 @@ def run_runs(args: argparse.Namespace) -> int:
     if not rows:
         print(f"no runs in {args.logs_dir} (start one with `policylens train` or `policylens demo`)")
         return 0
-    shown = {"run": "name", "algorithm": "algorithm", "task": "task", "status": "status", "steps_logged": "steps",
-             "heldout_accuracy": "held-out acc", "heldout_step": "at step"}
-    picks = [columns.index(name) for name in shown]
-    _print_rows(list(shown.values()), [[row[i] for i in picks] for row in rows])
+    headers = {"run": "name", "algorithm": "algorithm", "task": "task", "status": "status", "steps_logged": "steps",
+               "heldout_accuracy": "held-out acc", "heldout_step": "at step"}
+    picks = [columns.index(name) for name in headers]
+    _print_rows(list(headers.values()), [[row[i] for i in picks] for row in rows])
     return 0
 
 
