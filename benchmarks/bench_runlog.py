@@ -13,6 +13,8 @@
     ...). Pass the real trainer's step to measure the true overhead (target: at most 5% slower); from the command
     line, `--overhead` uses a synthetic step that does `--step-ms` of work and logs a realistic step's tables.
     The overhead in the real trainer (default config, per-token logging on vs off) is `benchmarks/bench_train.py`.
+(c) A query that fails without naming a file (as some damaged data pages do) makes the reader decode every file once
+    to find the damaged one: the first such error costs a full read of the run, later ones are cheap.
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+import duckdb
 import numpy as np
 import pyarrow as pa
 
@@ -142,6 +145,21 @@ def bench_storage(logs_dir: Path, steps: int, rollouts: int, tokens: int, passes
     t0 = time.perf_counter()
     reader_cold.sql("SELECT count(*) FROM steps")
     result["cold reader first query ms"] = (time.perf_counter() - t0) * 1000
+
+    def failing_query():
+        # A query error that names no file could be a damaged data page: the reader then decodes every file it
+        # has not fully read yet, once (the worst case of a damaged file), and re-raises when all are whole.
+        try:
+            reader_cold.sql("SELECT CAST(token_text AS INTEGER) FROM tokens")
+        except duckdb.Error:
+            return
+        raise AssertionError("the query was meant to fail")
+
+    t0 = time.perf_counter()
+    failing_query()
+    result["query_ms unexplained error, first (every file read)"] = (time.perf_counter() - t0) * 1000
+    result["query_ms unexplained error, again"] = _median_ms(failing_query, 3)
+    result["MB of Parquet"] = sum(sizes.values()) / 1e6
     return result
 
 

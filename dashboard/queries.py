@@ -27,7 +27,8 @@ STEP_TTL = 600
 
 @st.cache_resource(show_spinner=False)
 def get_reader(logs_dir: str):
-    """One read-only reader per logs folder, shared by all sessions."""
+    """One reader per logs folder, shared by all sessions: read-only (reading statements only, no file outside
+    the logs folder, see `engine.runlog.RunReader`)."""
     from engine.runlog import RunReader
 
     return RunReader(logs_dir)
@@ -40,20 +41,8 @@ def sql(logs_dir: str, query: str, params: list | None = None) -> pd.DataFrame:
 
 @st.cache_data(ttl=LIVE_TTL, show_spinner=False)
 def runs_table(logs_dir: str) -> pd.DataFrame:
-    """Every run with its status, algorithm, task, number of steps and latest held-out accuracy."""
-    return sql(
-        logs_dir,
-        """
-        WITH latest_eval AS (
-            SELECT run, arg_max(heldout_accuracy, step) AS heldout_accuracy, count(*) AS steps_logged
-            FROM steps GROUP BY run
-        )
-        SELECT r.run, r.status, r.algorithm, r.task, r.model, r.last_step, e.steps_logged,
-               e.heldout_accuracy, r.created_at, r.updated_at, r.config
-        FROM runs r LEFT JOIN latest_eval e USING (run)
-        ORDER BY r.created_at, r.run
-        """,
-    )
+    """Every run with its status, algorithm, task, number of steps and latest held-out accuracy (and its step)."""
+    return get_reader(logs_dir).runs_overview()
 
 
 @st.cache_data(ttl=LIVE_TTL, show_spinner=False)

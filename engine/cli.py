@@ -161,9 +161,12 @@ def _fail(command: str, message: object) -> int:
     return 2
 
 
-def _warn_problems(command: str, problems: list[str]) -> None:
+def _warn_problems(command: str, problems: list[str], shown: set[str]) -> None:
+    """Print each file or run the reader left out once (a query can find more: a damaged data page)."""
     for problem in problems:
-        print(f"policylens {command}: warning: {problem}", file=sys.stderr)
+        if problem not in shown:
+            shown.add(problem)
+            print(f"policylens {command}: warning: {problem}", file=sys.stderr)
 
 
 def _format_cell(value) -> str:
@@ -208,29 +211,18 @@ def run_runs(args: argparse.Namespace) -> int:
     from engine.runlog import RunLogError, RunReader
 
     try:
-        reader = RunReader(args.logs_dir)
+        with RunReader(args.logs_dir) as reader:
+            columns, rows = reader.runs_overview(as_rows=True)
+            _warn_problems("runs", reader.problems, set())
     except RunLogError as err:
         return _fail("runs", err)
-    _warn_problems("runs", reader.problems)
-    columns, rows = reader.rows(
-        """
-        SELECT r.run AS name, r.algorithm, r.task, r.status, coalesce(s.steps, 0) AS steps,
-               s.heldout_accuracy AS "held-out acc", s.heldout_step AS "at step"
-        FROM runs r
-        LEFT JOIN (
-            SELECT run, count(*) AS steps,
-                   arg_max(heldout_accuracy, step) FILTER (WHERE heldout_accuracy IS NOT NULL) AS heldout_accuracy,
-                   max(step) FILTER (WHERE heldout_accuracy IS NOT NULL) AS heldout_step
-            FROM steps GROUP BY run
-        ) s USING (run)
-        ORDER BY r.created_at, r.run
-        """
-    )
-    reader.close()
     if not rows:
         print(f"no runs in {args.logs_dir} (start one with `policylens train` or `policylens demo`)")
         return 0
-    _print_rows(columns, rows)
+    headers = {"run": "name", "algorithm": "algorithm", "task": "task", "status": "status", "steps_logged": "steps",
+               "heldout_accuracy": "held-out acc", "heldout_step": "at step"}
+    picks = [columns.index(name) for name in headers]
+    _print_rows(list(headers.values()), [[row[i] for i in picks] for row in rows])
     return 0
 
 
@@ -239,43 +231,55 @@ def add_sql_command(subparsers) -> None:
         "sql",
         help="query a run with SQL (tables: runs, steps, rollouts, tokens, token_passes, prm_steps)",
         description="Run one SQL query on a run's tables, or, without a query, read statements ending in ';' "
-        "from an interactive prompt (or from stdin). The tables hold this run only.",
+        "from an interactive prompt (or from stdin). The tables hold this run only. Read-only: SELECT (WITH, "
+        "DESCRIBE, SHOW, SUMMARIZE) and EXPLAIN SELECT, reading no file but the run's; --unsafe for a full shell.",
     )
     _add_logs_dir(parser)
     parser.add_argument("run", help="run name (see `policylens runs`)")
     parser.add_argument("query", nargs="?", help='e.g. "SELECT step, reward_mean FROM steps ORDER BY step"')
     parser.add_argument("--max-rows", type=int, default=1000, help="rows to print at most (0: all; default 1000)")
+    parser.add_argument("--unsafe", action="store_true",
+                        help="a full DuckDB shell: any statement, any file (COPY, ATTACH, read_csv, INSTALL ...)")
     parser.set_defaults(func=run_sql)
 
 
 def run_sql(args: argparse.Namespace) -> int:
-    import duckdb
-
     from engine.runlog import RunLogError, RunReader
 
     try:
-        reader = RunReader(args.logs_dir, runs=[args.run])
+        reader = RunReader(args.logs_dir, runs=[args.run], unsafe=args.unsafe)
     except RunLogError as err:
         return _fail("sql", err)
-    _warn_problems("sql", reader.problems)
+    shown: set[str] = set()
+    _warn_problems("sql", reader.problems, shown)
     try:
         if args.query is not None:
-            try:
-                _print_rows(*reader.rows(args.query), max_rows=args.max_rows)
-            except duckdb.Error as err:
-                return _fail("sql", err)
-            return 0
-        return _sql_prompt(reader, args.run, args.max_rows)
+            failed = _run_statement(reader, args.query, args.max_rows, "policylens sql: error:")
+            _warn_problems("sql", reader.problems, shown)
+            return 2 if failed else 0
+        return _sql_prompt(reader, args.run, args.max_rows, shown)
     finally:
         reader.close()
 
 
-def _sql_prompt(reader, run: str, max_rows: int) -> int:
+def _run_statement(reader, statement: str, max_rows: int, error_prefix: str) -> bool:
+    """Print the statement's result; on a refused or failed statement print the error. True if it failed."""
+    import duckdb
+
+    from engine.runlog import RunLogError
+
+    try:
+        _print_rows(*reader.rows(statement), max_rows=max_rows)
+    except (duckdb.Error, RunLogError) as err:
+        print(f"{error_prefix} {err}", file=sys.stderr)
+        return True
+    return False
+
+
+def _sql_prompt(reader, run: str, max_rows: int, shown: set[str]) -> int:
     """A small SQL prompt: statements end with ';'. Reads stdin without a prompt when it is not a terminal
     (then exits with 2 if a statement failed, so scripts notice)."""
     import contextlib
-
-    import duckdb
 
     interactive = sys.stdin.isatty()
     if interactive:
@@ -317,11 +321,8 @@ def _sql_prompt(reader, run: str, max_rows: int) -> int:
             buffer.append(stripped)
         if buffer and buffer[-1].endswith(";"):
             statement, buffer = "\n".join(buffer), []
-            try:
-                _print_rows(*reader.rows(statement), max_rows=max_rows)
-            except duckdb.Error as err:
-                failed = True
-                print(f"error: {err}", file=sys.stderr)
+            failed = _run_statement(reader, statement, max_rows, "error:") or failed
+            _warn_problems("sql", reader.problems, shown)
     if buffer:
         print("policylens sql: ignored an unfinished statement (no ';')", file=sys.stderr)
         failed = True
@@ -348,11 +349,10 @@ def run_export(args: argparse.Namespace) -> int:
     if not target.parent.is_dir():
         return _fail("export", f"folder {target.parent} does not exist")
     try:
-        reader = RunReader(args.logs_dir, runs=[args.run])
-        _warn_problems("export", reader.problems)
-        reader.export(target, overwrite=args.overwrite)
-        _, [(steps, tokens)] = reader.rows("SELECT (SELECT count(*) FROM steps), (SELECT count(*) FROM tokens)")
-        reader.close()
+        with RunReader(args.logs_dir, runs=[args.run]) as reader:
+            reader.export(target, overwrite=args.overwrite)
+            _, [(steps, tokens)] = reader.rows("SELECT (SELECT count(*) FROM steps), (SELECT count(*) FROM tokens)")
+            _warn_problems("export", reader.problems, set())
     except RunLogError as err:
         hint = "; pass --overwrite to replace it" if target.exists() and not args.overwrite else ""
         return _fail("export", f"{err}{hint}")

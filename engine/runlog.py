@@ -39,9 +39,15 @@ How the behaviour the issue asks for is obtained:
    increase, so a re-logged step never duplicates rows: logging a step <= ``last_step`` is an error. To restart from
    a checkpoint older than the log, pass ``truncate_after=checkpoint_step``: the log of steps after it is deleted
    first (a chunk that straddles it is rewritten and the rewrite wins by its newer sequence number).
-6. Damaged or foreign files: every Parquet file is checked once (footer and schema) before it enters a view;
-   bad files, foreign files, unreadable ``run.json`` and runs of a newer schema version are skipped and listed in
-   ``RunReader.problems``. Asking for such a run by name raises `RunLogError` naming the file or run.
+6. Damaged or foreign files cost only themselves: every Parquet file is checked once (footer and schema) before it
+   enters a view; bad files, foreign files, files where a step folder belongs, unreadable ``run.json``, folders
+   that are not valid run names and runs of a newer schema version are skipped and listed in
+   ``RunReader.problems``. Damage inside a file's data pages shows only when a query decodes them: the reader then
+   finds the file (from DuckDB's message, or by decoding each file not yet known to be whole once), leaves it out
+   and runs the query again (`RunReader._handle_file_error`). Asking for such a run by name raises `RunLogError`.
+7. Read-only SQL: a reader runs reading statements only, and its DuckDB may open no file outside the runs it reads
+   (external access off but for those folders, no extension installed or loaded, configuration locked);
+   ``RunReader(..., unsafe=True)`` is a full DuckDB shell instead.
 
 Logging from any training loop (the engine does the same in ``engine/train.py``)::
 
@@ -109,7 +115,7 @@ RUN_NAME_RULE = (
     "1 to 100 characters: letters, digits, '.', '_' or '-', starting with a letter or digit, "
     "without '..' and not ending with '.'"
 )
-_RUN_NAME_RE = re.compile(rf"^{RUN_NAME_PATTERN}$")
+_RUN_NAME_RE = re.compile(RUN_NAME_PATTERN)  # always used with fullmatch: `$` also matches before a final newline
 _WINDOWS_RESERVED = {"con", "prn", "aux", "nul", *(f"com{i}" for i in range(10)), *(f"lpt{i}" for i in range(10))}
 
 
@@ -188,7 +194,7 @@ def validate_run_name(name: str, logs_dir: str | os.PathLike | None = None) -> s
     The pattern alone excludes '/', '\\', absolute paths, leading dots and empty names; with `logs_dir` the
     resolved folder must also lie directly inside the resolved logs folder (so a symlink cannot lead out).
     """
-    if not isinstance(name, str) or not _RUN_NAME_RE.match(name) or ".." in name or name.endswith("."):
+    if not isinstance(name, str) or not _RUN_NAME_RE.fullmatch(name) or ".." in name or name.endswith("."):
         raise RunLogError(f"invalid run name {name!r}: a run name is {RUN_NAME_RULE}")
     if name.split(".")[0].lower() in _WINDOWS_RESERVED:
         raise RunLogError(f"invalid run name {name!r}: reserved device name on Windows; a run name is {RUN_NAME_RULE}")
@@ -197,6 +203,45 @@ def validate_run_name(name: str, logs_dir: str | os.PathLike | None = None) -> s
         if (root / name).resolve().parent != root:
             raise RunLogError(f"invalid run name {name!r}: it resolves outside the logs folder {logs_dir}")
     return name
+
+
+def _shown(path: str | os.PathLike) -> str:
+    """A path for a one-line message: control characters (a newline in a folder name) written as escapes."""
+    return re.sub(r"[\x00-\x1f\x7f]", lambda m: repr(m[0])[1:-1], str(path))
+
+
+def _not_listable(err: OSError) -> str:
+    return "not a folder" if isinstance(err, NotADirectoryError) else f"cannot be listed ({err.strerror})"
+
+
+def _logs_dir_error(logs_dir: Path, err: OSError) -> RunLogError:
+    return RunLogError(f"{_shown(logs_dir)} is {_not_listable(err)}: the logs folder holds one folder per run")
+
+
+def _run_folders(logs_dir: Path, problems: list[str]) -> list[Path]:
+    """The run folders directly inside `logs_dir`, by name: the one definition of what is a run, shared by
+    `list_runs` and `RunReader`. A folder that is not a run (bad name, symlink out of the logs folder, no
+    run.json) is described in `problems`; dot names (in progress, caches) and plain files are passed over."""
+    try:
+        entries = sorted(os.scandir(logs_dir), key=lambda e: e.name)
+    except FileNotFoundError:
+        return []
+    except OSError as err:
+        raise _logs_dir_error(logs_dir, err) from None
+    runs = []
+    for entry in entries:
+        if entry.name.startswith(".") or not entry.is_dir():
+            continue
+        try:
+            validate_run_name(entry.name, logs_dir)
+        except RunLogError as err:
+            problems.append(f"{_shown(entry.path)}: not a run ({_shown(err)}) (ignored)")
+            continue
+        if not os.path.isfile(os.path.join(entry.path, "run.json")):
+            problems.append(f"{_shown(entry.path)}: not a run folder, no run.json (ignored)")
+        else:
+            runs.append(Path(entry.path))
+    return runs
 
 
 def _now() -> dt.datetime:
@@ -400,15 +445,26 @@ def _scan_segments(data_dir: Path, problems: list[str] | None = None) -> list[_S
         entries = list(os.scandir(data_dir))
     except FileNotFoundError:
         return []
+    except OSError as err:  # a file where the folder belongs, or no permission
+        message = f"{_shown(data_dir)}: {_not_listable(err)} (the run's steps are left out)"
+        if problems is None:
+            raise RunLogError(message) from None
+        problems.append(message)
+        return []
     for entry in entries:
         if entry.name.startswith("."):
+            continue
+        is_segment = _STEP_DIR_RE.match(entry.name) or _CHUNK_DIR_RE.match(entry.name)
+        if is_segment and not entry.is_dir():
+            if problems is not None:
+                problems.append(f"{_shown(entry.path)}: not a folder (ignored)")
             continue
         if m := _STEP_DIR_RE.match(entry.name):
             steps.append((int(m[3], 16), _Segment(entry.path, int(m[2]), int(m[1]), int(m[1]), -1)))
         elif m := _CHUNK_DIR_RE.match(entry.name):
             chunks.append(_Segment(entry.path, int(m[4]), int(m[1]), int(m[2]), int(m[3])))
         elif problems is not None:
-            problems.append(f"{entry.path}: foreign entry in a run's data folder (ignored)")
+            problems.append(f"{_shown(entry.path)}: foreign entry in a run's data folder (ignored)")
     # Newest chunk first; an older chunk overlapping an accepted one was superseded (merge or truncation).
     accepted: list[_Segment] = []
     for c in sorted(chunks, key=lambda c: -c.seq):
@@ -483,25 +539,16 @@ def _run_info(run_dir: Path, meta: dict, last_step: int | None) -> dict[str, Any
 def list_runs(logs_dir: str | os.PathLike, problems: list[str] | None = None) -> list[dict[str, Any]]:
     """The runs under `logs_dir`, oldest first, as dicts with the columns of the `runs` table (`config` as a
     dict, `last_step` the last step on disk). Quick: reads run.json files and folder names, no Parquet.
-    Unreadable runs are skipped (and described in `problems` if a list is given)."""
-    root = Path(logs_dir)
+    The same runs as `RunReader`; unreadable ones are skipped (and described in `problems` if a list is given)."""
+    problems = [] if problems is None else problems
     runs = []
-    try:
-        entries = sorted(os.scandir(root), key=lambda e: e.name)
-    except FileNotFoundError:
-        return []
-    for entry in entries:
-        if entry.name.startswith(".") or not entry.is_dir():
-            continue
-        run_dir = Path(entry.path)
+    for run_dir in _run_folders(Path(logs_dir), problems):
         try:
-            validate_run_name(entry.name)
             meta = _read_run_json(run_dir)
         except RunLogError as err:
-            if problems is not None:
-                problems.append(str(err))
+            problems.append(str(err))
             continue
-        segments = _scan_segments(data_dir_of(run_dir))
+        segments = _scan_segments(data_dir_of(run_dir), problems)
         last = max((s.last for s in segments), default=None)
         runs.append(_run_info(run_dir, meta, last))
     runs.sort(key=lambda r: (r["created_at"] or dt.datetime.min, r["run"]))
@@ -940,6 +987,48 @@ def _sql_str(value: str) -> str:
     return "'" + value.replace("'", "''") + "'"
 
 
+def _columns_ddl(schema: pa.Schema) -> str:
+    return ", ".join(f'"{f.name}" {_duckdb_type(f.type)}' for f in schema)
+
+
+def _parquet_source(table: str, paths: list[str]) -> str:
+    """SQL reading `table`'s columns from these files (explicit columns: a `key=value` folder above the logs
+    folder would otherwise add a column)."""
+    listing = ", ".join(_sql_str(p) for p in paths)
+    columns = ", ".join(f'"{name}"' for name in TABLE_SCHEMAS[table].names)
+    return (f"SELECT {columns} FROM read_parquet([{listing}], hive_partitioning = true, "
+            "hive_types = {'run': 'VARCHAR'})")
+
+
+# What a query of the reader may be: reading statements only (DESCRIBE, SHOW, SUMMARIZE and WITH are SELECTs to
+# DuckDB). EXPLAIN is let through only around a SELECT, since EXPLAIN ANALYZE runs the statement it explains.
+_READ_ONLY_RULE = (
+    "the run log is read-only here: only SELECT (with WITH, DESCRIBE, SHOW, SUMMARIZE) and EXPLAIN SELECT are run, "
+    "and only the run log's files can be read; `policylens sql --unsafe` (RunReader(..., unsafe=True)) gives a "
+    "full DuckDB shell"
+)
+_EXPLAIN_RE = re.compile(r"\s*EXPLAIN\s+(?:ANALY[SZ]E\s+)?", re.IGNORECASE)
+
+# Errors a query makes by itself (its text, its names, being interrupted): no file is to blame for them.
+_QUERY_ERRORS = (duckdb.ParserException, duckdb.BinderException, duckdb.CatalogException,
+                 duckdb.PermissionException, duckdb.InterruptException)
+
+# The run-log's own SQL for the runs list (`policylens runs`, the dashboard's Runs table): every run with its
+# number of logged steps and its latest held-out accuracy (the last step that evaluated, not the last step).
+_RUNS_OVERVIEW_SQL = """
+    SELECT r.run, r.status, r.algorithm, r.task, r.model, r.last_step, coalesce(s.steps_logged, 0) AS steps_logged,
+           s.heldout_accuracy, s.heldout_step, r.created_at, r.updated_at, r.config
+    FROM runs r
+    LEFT JOIN (
+        SELECT run, count(*) AS steps_logged,
+               arg_max(heldout_accuracy, step) FILTER (WHERE heldout_accuracy IS NOT NULL) AS heldout_accuracy,
+               max(step) FILTER (WHERE heldout_accuracy IS NOT NULL) AS heldout_step
+        FROM steps GROUP BY run
+    ) s USING (run)
+    ORDER BY r.created_at, r.run
+"""
+
+
 class RunReader:
     """Read-only SQL over runs: an in-memory DuckDB connection with the views runs, steps, rollouts, tokens,
     token_passes and prm_steps over the Parquet files of all runs (or only of `runs`).
@@ -948,34 +1037,58 @@ class RunReader:
     running one). The views are a snapshot of the files at the last `refresh()`;
     `sql()` refreshes first (cheap when nothing changed), so it always sees every finished step.
     Files or runs that cannot be read are left out and described in `problems`.
+
+    Queries only read: `sql` and `rows` refuse any statement but SELECT / EXPLAIN SELECT, and DuckDB itself may
+    open no file outside the runs read (its external access is off except for those folders, extensions are
+    neither installed nor loaded, and that configuration is locked). `unsafe=True` lifts all of it (a full
+    DuckDB shell; the six tables are restored by the next query if a statement dropped or replaced them).
     Thread-safe: calls are serialised by a lock.
     """
 
-    def __init__(self, logs_dir: str | os.PathLike, runs: str | Iterable[str] | None = None):
-        self.logs_dir = Path(logs_dir)
+    def __init__(self, logs_dir: str | os.PathLike, runs: str | Iterable[str] | None = None, unsafe: bool = False):
+        # Absolute, so that the folders DuckDB may read and the paths in the views are written the same way.
+        self.logs_dir = Path(os.path.abspath(logs_dir))
         if isinstance(runs, str):
             runs = [runs]
         self.only = None if runs is None else [validate_run_name(r, self.logs_dir) for r in runs]
+        self.unsafe = unsafe
         self.problems: list[str] = []
         self._lock = threading.RLock()
-        self._con = duckdb.connect(":memory:")
-        # Our files are immutable under a given name, so caching their footers is safe and saves a read per file.
-        self._con.execute("SET parquet_metadata_cache = true")
         self._segments: dict[str, tuple[list, list[str]]] = {}  # folder -> ([(table, path)], problems)
         self._seen_segments: set[str] = set()
         self._quarantined: dict[str, str] = {}
+        self._verified: set[str] = set()  # files every page of which was decoded once (see `_find_damaged`)
         self._meta_cache: dict[str, tuple[int, int, dict]] = {}
-        self._views: dict[str, list[str]] = {}
-        self._runs_rows: list | None = None
-        # Plain SQL tables, not registered Python objects: registering makes DuckDB import pandas (1 s).
-        self._con.execute("CREATE SCHEMA _runlog")  # out of the way of users' SHOW TABLES
-        for table, schema in {**TABLE_SCHEMAS, "runs": RUNS_SCHEMA}.items():
-            columns = ", ".join(f'"{f.name}" {_duckdb_type(f.type)}' for f in schema)
-            self._con.execute(f"CREATE TABLE _runlog.empty_{table} ({columns})")
+        if self.logs_dir.exists() and not self.logs_dir.is_dir():
+            raise _logs_dir_error(self.logs_dir, NotADirectoryError())
         if self.only is not None:
             for name in self.only:  # fail early and clearly for a run asked for by name
                 _read_run_json(self.logs_dir / name)
+        self._con = self._connect()
         self.refresh()
+
+    def _connect(self) -> duckdb.DuckDBPyConnection:
+        con = duckdb.connect(":memory:")
+        # Our files are immutable under a given name, so caching their footers is safe and saves a read per file.
+        con.execute("SET parquet_metadata_cache = true")
+        if not self.unsafe:
+            roots = [self.logs_dir] if self.only is None else [self.logs_dir / name for name in self.only]
+            con.execute("SET allowed_directories = ?", [[os.path.join(root, "") for root in roots]])
+            con.execute("SET autoinstall_known_extensions = false")
+            con.execute("SET autoload_known_extensions = false")
+            con.execute("SET enable_external_access = false")
+            con.execute("SET lock_configuration = true")
+        self._views: dict[str, list[str]] = {}
+        self._runs_rows: list | None = None
+        self._create_internal_tables(con)
+        return con
+
+    @staticmethod
+    def _create_internal_tables(con: duckdb.DuckDBPyConnection) -> None:
+        # Plain SQL tables, not registered Python objects: registering makes DuckDB import pandas (1 s).
+        con.execute("CREATE SCHEMA IF NOT EXISTS _runlog")  # out of the way of users' SHOW TABLES
+        for table, schema in {**TABLE_SCHEMAS, "runs": RUNS_SCHEMA}.items():
+            con.execute(f"CREATE OR REPLACE TABLE _runlog.empty_{table} ({_columns_ddl(schema)})")
 
     def __enter__(self) -> RunReader:
         return self
@@ -987,28 +1100,69 @@ class RunReader:
         self._con.close()
 
     def connection(self) -> duckdb.DuckDBPyConnection:
-        """The connection with the views, refreshed now. Call `refresh()` again later to see new steps."""
+        """The connection with the views, refreshed now. Call `refresh()` again later to see new steps.
+        (Statements run on it directly are not checked; its file access is limited all the same.)"""
         with self._lock:
             self.refresh()
             return self._con
 
     def sql(self, query: str, params: Sequence[Any] | Mapping[str, Any] | None = None) -> pd.DataFrame:
-        """Run a query on fresh views and return a DataFrame (retried if compaction removed a file meanwhile)."""
+        """Run a query on fresh views and return a DataFrame (retried if compaction removed a file meanwhile,
+        or without a file found damaged by it)."""
         return self._run(query, params, lambda result: result.df())
 
     def rows(self, query: str, params: Sequence[Any] | Mapping[str, Any] | None = None) -> tuple[list[str], list]:
         """Like `sql` but returns (column names, list of row tuples), without pandas."""
         return self._run(query, params, lambda result: ([d[0] for d in result.description], result.fetchall()))
 
+    def runs_overview(self, as_rows: bool = False) -> pd.DataFrame | tuple[list[str], list]:
+        """Every run, oldest first: run, status, algorithm, task, model, last_step, steps_logged and the latest
+        held-out accuracy with its step (heldout_accuracy, heldout_step), created_at, updated_at, config."""
+        return self.rows(_RUNS_OVERVIEW_SQL) if as_rows else self.sql(_RUNS_OVERVIEW_SQL)
+
     def _run(self, query: str, params: Any, fetch: Callable[[duckdb.DuckDBPyConnection], Any]) -> Any:
         with self._lock:
+            writes = self._check_statements(query)
             self.refresh()
             for attempt in range(4):
                 try:
                     return fetch(self._con.execute(query, params))
+                except duckdb.PermissionException as err:
+                    if self.unsafe:
+                        raise
+                    raise RunLogError(f"{str(err).splitlines()[0]}: {_READ_ONLY_RULE}") from err
                 except duckdb.Error as err:
                     if attempt == 3 or not self._handle_file_error(err):
                         raise
+                finally:
+                    if writes:  # unsafe mode: a statement may have dropped or replaced a table: rebuild them all
+                        self._create_internal_tables(self._con)
+                        self._views, self._runs_rows = {}, None
+                        self.refresh()
+            raise AssertionError("unreachable")
+
+    def _check_statements(self, query: str) -> bool:
+        """Refuse anything but reading statements (see `_READ_ONLY_RULE`); in unsafe mode, say if it may write."""
+        try:
+            statements = self._con.extract_statements(query)
+        except duckdb.Error:
+            return False  # not parsed: running it reports the syntax error
+        kinds = [s.type for s in statements]
+        if self.unsafe:
+            return any(kind != duckdb.StatementType.SELECT for kind in kinds)
+        for statement in statements:
+            if statement.type == duckdb.StatementType.SELECT:
+                continue
+            explain = _EXPLAIN_RE.match(statement.query) if statement.type == duckdb.StatementType.EXPLAIN else None
+            if explain:
+                try:
+                    inner = self._con.extract_statements(statement.query[explain.end():])
+                except duckdb.Error:
+                    inner = []
+                if inner and all(s.type == duckdb.StatementType.SELECT for s in inner):
+                    continue
+            raise RunLogError(f"{statement.type.name} statement refused: {_READ_ONLY_RULE}")
+        return False
 
     def run_names(self) -> list[str]:
         with self._lock:
@@ -1053,7 +1207,7 @@ class RunReader:
             info = _run_info(run_dir, meta, last)
             info["config"] = json.dumps(info["config"])
             runs_rows.append(tuple(info[name] for name in RUNS_SCHEMA.names))
-        problems.extend(f"{path}: {msg} (skipped)" for path, msg in self._quarantined.items())
+        problems.extend(f"{_shown(path)}: {msg} (skipped)" for path, msg in self._quarantined.items())
         for gone in self._segments.keys() - self._seen_segments:  # compacted away: forget
             del self._segments[gone]
         return problems, files, runs_rows
@@ -1078,21 +1232,7 @@ class RunReader:
     def _run_dirs(self, problems: list[str]) -> list[Path]:
         if self.only is not None:
             return [self.logs_dir / name for name in self.only]
-        try:
-            entries = sorted(os.scandir(self.logs_dir), key=lambda e: e.name)
-        except FileNotFoundError:
-            return []
-        dirs = []
-        for entry in entries:
-            if entry.name.startswith(".") or not entry.is_dir():
-                continue
-            if not _RUN_NAME_RE.match(entry.name):
-                problems.append(f"{entry.path}: not a valid run name (ignored)")
-            elif not os.path.exists(os.path.join(entry.path, "run.json")):
-                problems.append(f"{entry.path}: not a run folder, no run.json (ignored)")
-            else:
-                dirs.append(Path(entry.path))
-        return dirs
+        return _run_folders(self.logs_dir, problems)
 
     def _meta(self, run_dir: Path) -> dict:
         path = run_dir / "run.json"
@@ -1112,7 +1252,8 @@ class RunReader:
         """Add the segment's valid files to `files`; False if the segment vanished since the listing.
 
         A segment folder never changes once renamed into place, so its listing and file checks are done once
-        (a file damaged later is caught when a query fails on it, see `_handle_file_error`)."""
+        (a file damaged later, or damaged inside its pages, is caught when a query fails on it, see
+        `_handle_file_error`)."""
         key = seg.path
         cached = self._segments.get(key)
         if cached is None:
@@ -1120,16 +1261,18 @@ class RunReader:
                 entries = list(os.scandir(seg.path))
             except FileNotFoundError:  # deleted since the listing (compaction, truncation): the caller rescans
                 return False
+            except OSError as err:  # replaced by a file since the listing, or no permission
+                entries, cached = [], ([], [f"{_shown(seg.path)}: {_not_listable(err)} (skipped)"])
             found, notes = [], []
             for entry in entries:
                 table = entry.name[: -len(".parquet")] if entry.name.endswith(".parquet") else None
                 if table not in TABLE_SCHEMAS:
-                    notes.append(f"{entry.path}: foreign file in a step folder (ignored)")
+                    notes.append(f"{_shown(entry.path)}: foreign file in a step folder (ignored)")
                 elif problem := _check_file(entry.path, table):
-                    notes.append(f"{entry.path}: {problem} (skipped)")
+                    notes.append(f"{_shown(entry.path)}: {problem} (skipped)")
                 else:
                     found.append((table, entry.path))
-            cached = self._segments[key] = (found, notes)
+            cached = self._segments[key] = cached or (found, notes)
         self._seen_segments.add(key)
         for table, path in cached[0]:
             if path not in self._quarantined:
@@ -1138,32 +1281,75 @@ class RunReader:
         return True
 
     def _create_view(self, table: str, paths: list[str]) -> None:
-        if paths:
-            listing = ", ".join(_sql_str(p) for p in paths)
-            # Explicit columns: a `key=value` folder above the logs folder would otherwise add a column.
-            source = f"read_parquet([{listing}], hive_partitioning = true, hive_types = {{'run': 'VARCHAR'}})"
-        else:  # an empty run, or no process-supervision steps: the right columns, no rows
-            source = f"_runlog.empty_{table}"
-        columns = ", ".join(f'"{name}"' for name in TABLE_SCHEMAS[table].names)
-        self._con.execute(f"CREATE OR REPLACE VIEW {table} AS SELECT {columns} FROM {source}")
+        # No files (an empty run, no process-supervision steps): the right columns, no rows.
+        source = _parquet_source(table, paths) if paths else f"SELECT * FROM _runlog.empty_{table}"
+        self._con.execute(f"CREATE OR REPLACE VIEW {table} AS {source}")
         self._views[table] = paths
 
     def _handle_file_error(self, err: duckdb.Error) -> bool:
-        """After a failed query: if a file we listed vanished or is damaged, fix the views and say retry."""
+        """After a failed query: if a file we listed vanished or is damaged, fix the views and say retry.
+
+        DuckDB names the file in most errors; not for every kind of damage to the data pages (a corrupt page
+        header gives "don't know what type"). Then every file not yet known to be whole is read in full once,
+        here, so the damaged one is found, named in `problems` and left out, whatever query met it."""
+        if not self._connection_usable():
+            self._con = self._connect()  # a fatal error invalidated the database; the views are rebuilt
+            self.refresh()
+            return True
         message = str(err)
-        for table, paths in self._views.items():
-            for path in paths:
-                if path in message:
-                    if os.path.exists(path):
-                        self._quarantined[path] = f"unreadable ({message.splitlines()[0]})"
-                    self._views[table] = []  # force a rebuild
-                    self.refresh()
-                    return True
-        if any(not os.path.exists(p) for paths in self._views.values() for p in paths):
+        listed = {path: table for table, paths in self._views.items() for path in paths}
+        for path in listed:
+            if path in message:
+                if os.path.exists(path):
+                    self._quarantine(path, f"damaged ({message.splitlines()[0]})")
+                else:
+                    self._views[listed[path]] = []  # vanished (compaction): force a rebuild
+                self.refresh()
+                return True
+        if any(not os.path.exists(p) for p in listed):
             self._views = {}
             self.refresh()
             return True
-        return False
+        if isinstance(err, _QUERY_ERRORS):
+            return False
+        damaged = self._find_damaged(listed, message.splitlines()[0] if message else type(err).__name__)
+        if damaged:
+            self.refresh()
+        return damaged
+
+    def _find_damaged(self, listed: dict[str, str], error: str) -> bool:
+        """Decode every page of each listed file not yet verified; quarantine the ones that fail."""
+        found = False
+        self._verified &= listed.keys()  # forget files compacted away
+        for path in listed:
+            if path in self._verified:
+                continue
+            try:
+                self._con.execute("SELECT max(hash(COLUMNS(*))) FROM read_parquet(?)", [path]).fetchall()
+            except duckdb.Error as file_err:
+                if not self._connection_usable():
+                    self._con = self._connect()
+                if not os.path.exists(path):  # compacted away meanwhile: the refresh after this drops it
+                    found = True
+                    continue
+                self._quarantine(path, f"damaged data pages (DuckDB: {str(file_err).splitlines()[0] or error})")
+                found = True
+            else:
+                self._verified.add(path)
+        return found
+
+    def _quarantine(self, path: str, reason: str) -> None:
+        self._quarantined[path] = reason
+        for table, paths in self._views.items():
+            if path in paths:
+                self._views[table] = []  # force a rebuild without it
+
+    def _connection_usable(self) -> bool:
+        try:
+            self._con.execute("SELECT 1").fetchall()
+        except duckdb.Error:
+            return False
+        return True
 
     # ---- export
 
@@ -1172,25 +1358,30 @@ class RunReader:
 
         All tables come from one snapshot of the files (a live run's later steps are not half included). The file
         is built under a temporary name and renamed into place, so an existing file is never left half written.
+        It is written by a separate connection running only this method's statements: the reader's own
+        connection may open nothing outside the runs.
         """
         path = Path(path)
         if path.exists() and not overwrite:
             raise RunLogError(f"{path} already exists (left untouched)")
         with self._lock:
-            for attempt in range(3):
+            for attempt in range(4):
                 self.refresh()
                 tmp = path.with_name(f".tmp-{path.name}-{uuid.uuid4().hex[:8]}")
                 try:
-                    self._con.execute(f"ATTACH {_sql_str(str(tmp))} AS export_db")
-                    try:
-                        for table in ALL_TABLES:
-                            self._con.execute(f"CREATE TABLE export_db.{table} AS SELECT * FROM {table}")
-                    finally:
-                        self._con.execute("DETACH export_db")
+                    with duckdb.connect(str(tmp)) as out:
+                        for table in DATA_TABLES:
+                            out.execute(f"CREATE TABLE {table} ({_columns_ddl(TABLE_SCHEMAS[table])})")
+                            if self._views[table]:
+                                out.execute(f"INSERT INTO {table} {_parquet_source(table, self._views[table])}")
+                        out.execute(f"CREATE TABLE runs ({_columns_ddl(RUNS_SCHEMA)})")
+                        if self._runs_rows:
+                            marks = ", ".join("?" * len(RUNS_SCHEMA))
+                            out.executemany(f"INSERT INTO runs VALUES ({marks})", self._runs_rows)
                     os.replace(tmp, path)
                     return path
                 except duckdb.Error as err:
-                    if attempt == 2 or not self._handle_file_error(err):  # compaction removed a file: again
+                    if attempt == 3 or not self._handle_file_error(err):  # a file vanished or is damaged: again
                         raise
                 finally:
                     for leftover in (tmp, Path(f"{tmp}.wal")):

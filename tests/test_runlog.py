@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 from pathlib import Path
 
 import duckdb
@@ -286,13 +287,119 @@ def test_newer_schema_damaged_run_json_and_missing_run(tmp_path):
     assert [r["run"] for r in list_runs(tmp_path)] == ["ok"]
 
 
+def scramble_data_pages(path: Path) -> None:
+    """Flip every byte between the magic number and the footer: the footer (schema, row counts, statistics)
+    still reads fine, so only a query that decodes the pages can tell."""
+    blob = bytearray(path.read_bytes())
+    footer_start = len(blob) - 8 - int.from_bytes(blob[-8:-4], "little")
+    for i in range(4, footer_start):
+        blob[i] ^= 0x5A
+    path.write_bytes(bytes(blob))
+
+
+@pytest.mark.parametrize("table", ["steps", "rollouts", "tokens", "token_passes"])
+@pytest.mark.parametrize("damaged_when", ["before the reader opens", "while the reader is open"])
+def test_corrupt_data_pages_cost_only_that_file(tmp_path, table, damaged_when):
+    write_run(tmp_path, "good", 2)
+    write_run(tmp_path, "bad", 3, compact_every=0)
+    victim = step_dir(data_dir_of(tmp_path / "bad"), 1) / f"{table}.parquet"
+    if damaged_when == "before the reader opens":
+        scramble_data_pages(victim)
+    r = RunReader(tmp_path)
+    if damaged_when == "while the reader is open":
+        assert len(r.sql(f"SELECT * FROM {table}")) > 0  # the file was checked and read once already
+        scramble_data_pages(victim)
+    full = {"steps": 1, "rollouts": 3, "tokens": 12, "token_passes": 24}[table]
+    # Another run's rows, and the other steps of the damaged run, are all still there.
+    counts = r.sql(f"SELECT run, step, count(*) AS n FROM {table} GROUP BY ALL ORDER BY ALL")
+    assert list(counts.itertuples(index=False, name=None)) == [
+        ("bad", 0, full), ("bad", 2, full), ("good", 0, full), ("good", 1, full)]
+    assert r.sql(f"SELECT count(*) AS n FROM {table} WHERE run = 'good'").n[0] == 2 * full
+    [problem] = [p for p in r.problems if str(victim) in p]
+    assert "damaged" in problem and "skipped" in problem
+    overview = r.runs_overview()
+    assert overview.run.tolist() == ["good", "bad"]
+
+
+def test_queries_that_fail_for_the_query_s_own_reasons_are_not_blamed_on_files(tmp_path):
+    write_run(tmp_path, "a", 2)
+    r = RunReader(tmp_path)
+    with pytest.raises(duckdb.Error):
+        r.sql("SELECT CAST(token_text AS INTEGER) FROM tokens")
+    with pytest.raises(duckdb.Error):
+        r.sql("SELECT nope FROM tokens")
+    assert r.problems == []
+    assert token_counts(r, "a") == {0: 12, 1: 12}
+
+
+@pytest.mark.parametrize("where", ["step folder", "chunk folder", "run=X folder", "data folder"])
+def test_a_regular_file_where_a_folder_belongs_is_skipped(tmp_path, where):
+    write_run(tmp_path, "good", 2)
+    write_run(tmp_path, "bad", 3, compact_every=0)
+    data = data_dir_of(tmp_path / "bad")
+    if where == "step folder":
+        shutil.rmtree(step_dir(data, 1))
+        stray = data / "step-000000001.rank0.s1"
+        expected = {0: 12, 2: 12}
+    elif where == "chunk folder":
+        stray = data / "chunk-000000000-000000009-000000.rank0"  # would win over the step folders if read
+        expected = {0: 12, 1: 12, 2: 12}
+    elif where == "run=X folder":
+        shutil.rmtree(data)
+        stray = data
+        expected = {}
+    else:
+        shutil.rmtree(data.parent)
+        stray = data.parent
+        expected = {}
+    stray.write_text("not a folder")
+    r = RunReader(tmp_path)
+    assert token_counts(r, "good") == {0: 12, 1: 12}
+    assert token_counts(r, "bad") == expected
+    assert any(str(stray) in p and "not a folder" in p for p in r.problems), r.problems
+    assert token_counts(RunReader(tmp_path, runs="bad"), "bad") == expected
+    assert [info["run"] for info in list_runs(tmp_path)] == ["good", "bad"]
+    if where == "chunk folder":
+        w = RunWriter.resume(tmp_path, "bad", compact_every=2)  # the writer's scan ignores it too
+        w.log_step(3, **make_step(3))
+        w.close()
+        assert token_counts(RunReader(tmp_path), "bad") == {s: 12 for s in range(4)}
+
+
+def test_a_logs_dir_that_is_a_file_is_one_clear_error(tmp_path):
+    (tmp_path / "logs").write_text("")
+    for read in (lambda: RunReader(tmp_path / "logs"), lambda: RunReader(tmp_path / "logs", runs="a"),
+                 lambda: list_runs(tmp_path / "logs")):
+        with pytest.raises(RunLogError, match="is not a folder"):
+            read()
+
+
+def test_readers_and_list_runs_agree_on_which_folders_are_runs(tmp_path):
+    logs = tmp_path / "logs"
+    write_run(logs, "ok", 1)
+    write_run(tmp_path, "elsewhere", 1)
+    (logs / "link").symlink_to(tmp_path / "elsewhere")  # a run folder outside the logs folder
+    odd_names = ["a..b", "con", "name.", "nl\n"]  # left by a hand or an older version; not accepted now
+    for odd in odd_names:
+        shutil.copytree(logs / "ok", logs / odd)
+    problems: list[str] = []
+    assert [info["run"] for info in list_runs(logs, problems)] == ["ok"]
+    r = RunReader(logs)
+    assert r.run_names() == ["ok"]
+    assert token_counts(r, "ok") == {0: 12}
+    assert sorted(problems) == sorted(r.problems)
+    for name in [*odd_names, "link"]:
+        assert sum(str(logs / name).replace("\n", "\\n") in p for p in problems) == 1, (name, problems)
+
+
 # ---------------------------------------------------------------- names
 
 
 @pytest.mark.parametrize(
     "name",
     ["", ".", "..", "../x", "a/../../etc", "/etc/passwd", "a/b", "a\\b", "..\\x", ".hidden", "-rf", "a..b",
-     "x" * 101, "name.", "a b", "C:\\x", "con", "NUL.txt", "run\x00", "tab\t", "é", "~root", "$HOME", "a*"],
+     "x" * 101, "name.", "a b", "C:\\x", "con", "NUL.txt", "run\x00", "tab\t", "é", "~root", "$HOME", "a*",
+     "run\n", "run\r\n", "\nrun"],
 )
 def test_hostile_run_names_are_refused(tmp_path, name):
     with pytest.raises(RunLogError, match="letters, digits"):
@@ -315,6 +422,72 @@ def test_symlink_out_of_logs_dir_is_refused(tmp_path):
     (tmp_path / "logs" / "link").symlink_to(tmp_path / "outside")
     with pytest.raises(RunLogError, match="outside the logs folder"):
         validate_run_name("link", tmp_path / "logs")
+
+
+# ---------------------------------------------------------------- read-only SQL
+
+
+@pytest.mark.parametrize(
+    "attack",
+    [
+        "COPY (SELECT * FROM tokens) TO '{outside}/copy.csv'",
+        "COPY (SELECT * FROM tokens) TO '{run_dir}/data/copy.parquet'",  # inside the run's own folder
+        "EXPORT DATABASE '{run_dir}/export'",
+        "EXPLAIN ANALYZE COPY (SELECT 1) TO '{run_dir}/explained.csv'",
+        "SELECT * FROM read_csv('{outside}/secret.csv')",
+        "SELECT * FROM read_text('{run_dir}/../../secret.csv')",
+        "SELECT * FROM read_parquet('{other_run}/**/steps.parquet')",  # another run than the one opened
+        "ATTACH '{outside}/new.duckdb' AS x",
+        "INSTALL httpfs",
+        "LOAD httpfs",
+        "SELECT * FROM 'https://example.com/data.csv'",
+        "SET enable_external_access = true",
+        "SET lock_configuration = false",
+        "DROP VIEW tokens",
+        "CREATE OR REPLACE VIEW tokens AS SELECT 1 AS x",
+        "DROP SCHEMA _runlog CASCADE",
+        "DELETE FROM _runlog.runs",
+        "SELECT 1; DROP VIEW tokens",
+    ],
+)
+def test_sql_is_read_only_over_the_run_s_data(tmp_path, attack):
+    logs, outside = tmp_path / "logs", tmp_path / "outside"
+    outside.mkdir()
+    (outside / "secret.csv").write_text("a,b\n1,2\n")
+    write_run(logs, "a", 2)
+    write_run(logs, "b", 1)
+    before = sorted(p for p in tmp_path.rglob("*"))
+    r = RunReader(logs, runs="a")
+    query = attack.format(outside=outside, run_dir=logs / "a", other_run=logs / "b")
+    # Refused as such, not failing on the way (a download that could not connect, say).
+    with pytest.raises((duckdb.Error, RunLogError), match=r"Permission Error|read-only|locked|Cannot enable"):
+        r.sql(query)
+    assert sorted(p for p in tmp_path.rglob("*")) == before  # nothing written anywhere
+    assert token_counts(r, "a") == {0: 12, 1: 12}  # and the tables still answer
+    assert r.sql("SELECT run, status FROM runs").values.tolist() == [["a", "finished"]]
+    assert r.sql("SELECT count(*) AS n FROM tokens").n[0] == 24
+
+
+def test_reading_statements_are_all_allowed(tmp_path):
+    write_run(tmp_path, "a", 2)
+    r = RunReader(tmp_path)
+    assert r.sql("WITH t AS (SELECT * FROM tokens) SELECT count(*) AS n FROM t").n[0] == 24
+    assert "token_text" in r.sql("DESCRIBE tokens").column_name.tolist()
+    assert {"steps", "tokens", "runs"} <= set(r.sql("SHOW TABLES").name)
+    assert len(r.sql("SUMMARIZE steps")) == len(TABLE_SCHEMAS["steps"])
+    assert len(r.sql("EXPLAIN SELECT * FROM tokens")) == 1
+    assert r.sql("""SELECT extra->>'custom' AS custom FROM steps ORDER BY step""").custom.tolist() == ["0", "1"]
+
+
+def test_unsafe_reader_is_a_full_shell_whose_tables_come_back(tmp_path):
+    write_run(tmp_path / "logs", "a", 2)
+    r = RunReader(tmp_path / "logs", unsafe=True)
+    r.sql(f"COPY (SELECT * FROM tokens) TO '{tmp_path / 'tokens.csv'}'")
+    assert len((tmp_path / "tokens.csv").read_text().splitlines()) == 25
+    r.sql("CREATE TABLE mine AS SELECT 1 AS x")
+    r.sql("DROP VIEW tokens")
+    assert token_counts(r, "a") == {0: 12, 1: 12}  # the run-log tables are restored by the next query
+    assert r.sql("SELECT x FROM mine").x.tolist() == [1]  # the user's own tables stay
 
 
 # ---------------------------------------------------------------- export

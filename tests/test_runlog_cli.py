@@ -102,3 +102,98 @@ def test_export_writes_real_tables_and_never_overwrites(logs, tmp_path, capsys):
     assert main(["export", "dapo-b", str(target), "--overwrite", "--logs-dir", str(logs)]) == 0
     assert main(["export", "dapo-b", str(tmp_path / "no-dir" / "b.duckdb"), "--logs-dir", str(logs)]) == 2
     assert "does not exist" in capsys.readouterr().err
+
+
+# ---------------------------------------------------------------- damaged logs folders, read-only SQL
+
+
+def damaged_logs(tmp_path):
+    """Two good runs beside one of each kind of damage: corrupt data pages under an intact footer, a file where a
+    step folder belongs, a run folder whose name an older version accepted (ending in a newline)."""
+    from test_runlog import scramble_data_pages, step_dir, write_run
+
+    from engine.runlog import data_dir_of
+
+    logs = tmp_path / "logs"
+    write_run(logs, "good-a", 2)
+    write_run(logs, "pages", 3, compact_every=0)
+    scramble_data_pages(step_dir(data_dir_of(logs / "pages"), 1) / "steps.parquet")
+    scramble_data_pages(step_dir(data_dir_of(logs / "pages"), 2) / "rollouts.parquet")
+    write_run(logs, "folder", 2, compact_every=0)
+    (data_dir_of(logs / "folder") / "step-000000005.rank0.s1").write_text("a file, not a step folder")
+    newline = logs / "newline\n"
+    newline.mkdir()
+    (newline / "run.json").write_text((logs / "good-a" / "run.json").read_text())
+    (newline / "data" / "run=newline\n" / "step-000000000.rank0.s1").mkdir(parents=True)
+    write_run(logs, "good-b", 1)
+    return logs
+
+
+def test_runs_lists_every_readable_run_and_names_each_damaged_file(tmp_path, capsys):
+    logs = damaged_logs(tmp_path)
+    assert main(["runs", "--logs-dir", str(logs)]) == 0
+    captured = capsys.readouterr()
+    rows = {line.split()[0]: line.split() for line in captured.out.splitlines()[2:-1]}
+    assert set(rows) == {"good-a", "pages", "folder", "good-b"}
+    assert rows["good-a"][4] == "2" and rows["pages"][4] == "2" and rows["folder"][4] == "2"  # step 1 left out
+    warnings = captured.err.splitlines()
+    assert all(line.startswith("policylens runs: warning: ") for line in warnings), warnings
+    for damaged in ["run=pages/step-000000001", "run=folder/step-000000005.rank0.s1", "newline\\n"]:
+        assert sum(damaged in line for line in warnings) == 1, (damaged, warnings)
+
+
+def test_sql_and_export_skip_the_damaged_files_of_the_run(tmp_path, capsys):
+    logs = damaged_logs(tmp_path)
+    assert main(["sql", "pages", "SELECT step, count(*) AS n FROM rollouts GROUP BY step ORDER BY step",
+                 "--logs-dir", str(logs)]) == 0
+    captured = capsys.readouterr()
+    assert captured.out.splitlines()[2:4] == ["   0  3", "   1  3"]  # step 2's rollouts file is damaged
+    assert "rollouts.parquet" in captured.err and "damaged" in captured.err
+    target = tmp_path / "pages.duckdb"
+    assert main(["export", "pages", str(target), "--logs-dir", str(logs)]) == 0
+    assert "steps.parquet" in capsys.readouterr().err
+    con = duckdb.connect(str(target), read_only=True)
+    assert con.execute("SELECT list(step ORDER BY step) FROM steps").fetchone() == ([0, 2],)
+    assert con.execute("SELECT count(*) FROM rollouts").fetchone() == (6,)
+    con.close()
+
+
+def test_a_logs_dir_that_is_a_file_is_one_line(tmp_path, capsys):
+    (tmp_path / "logs").write_text("")
+    for argv in (["runs"], ["sql", "a", "SELECT 1"], ["export", "a", str(tmp_path / "a.duckdb")]):
+        assert main([*argv, "--logs-dir", str(tmp_path / "logs")]) == 2
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and "is not a folder" in err, err
+
+
+def test_sql_refuses_writes_and_other_files_unless_unsafe(logs, tmp_path, capsys, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "secret.csv").write_text("a\n1\n")
+    for query in ["COPY (SELECT * FROM tokens) TO 'out.csv'", "SELECT * FROM read_csv('secret.csv')",
+                  "ATTACH 'new.duckdb'", "DROP VIEW tokens"]:
+        assert main(["sql", "grpo-a", query, "--logs-dir", str(logs)]) == 2
+        err = capsys.readouterr().err
+        assert err.startswith("policylens sql: error: ") and "--unsafe" in err, err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["secret.csv"]
+    monkeypatch.setattr("sys.stdin", io.StringIO("DROP VIEW tokens;\nSELECT count(*) AS n FROM tokens;\n"))
+    assert main(["sql", "grpo-a", "--logs-dir", str(logs)]) == 2
+    assert "n\n-\n9\n(1 row)" in capsys.readouterr().out  # the refused DROP left the table in place
+    assert main(["sql", "grpo-a", "COPY (SELECT * FROM tokens) TO 'out.csv'", "--unsafe", "--logs-dir", str(logs)]) == 0
+    assert len((tmp_path / "out.csv").read_text().splitlines()) == 10
+
+
+def test_dashboard_queries_read_a_damaged_logs_folder(tmp_path):
+    from dashboard import queries
+
+    logs = str(damaged_logs(tmp_path))
+    table = queries.runs_table(logs)
+    assert table.run.tolist() == ["good-a", "pages", "folder", "good-b"]
+    assert table.steps_logged.tolist() == [2, 2, 2, 1]
+    # The latest held-out accuracy is the last one logged (step 0; step 1 did not evaluate), as `policylens runs` says.
+    assert table.heldout_accuracy[0] == 0.5 and table.heldout_step[0] == 0
+    assert any("run=pages/step-000000001" in p for p in queries.reader_problems(logs))
+    replay = queries.eval_prompt_across_runs(logs, "arith", 0, 10)  # reads every run's rollouts
+    assert replay.empty  # write_run logs no eval rollouts; the point is that the query answers
+    assert len(queries.step_rollouts(logs, "good-a", 1)) == 3
+    with pytest.raises(Exception, match="read-only"):
+        queries.sql(logs, "DROP VIEW tokens")
