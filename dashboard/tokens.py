@@ -92,15 +92,30 @@ def _palette(colorscale: str, levels: int = 256) -> tuple[tuple[str, str], ...]:
 
 def _colour(value, low: float, high: float, colorscale: str) -> tuple[str, str]:
     """(background, text colour) for one value; missing values are left uncoloured."""
-    if value is None or (isinstance(value, float) and not math.isfinite(value)):
+    if is_missing(value) or not math.isfinite(float(value)):
         return "transparent", "inherit"
     palette = _palette(colorscale)
     position = min(1.0, max(0.0, (float(value) - low) / (high - low)))
     return palette[round(position * (len(palette) - 1))]
 
 
+def is_missing(value) -> bool:
+    """None, NaN or pandas' NA: how a column the logger left out (stored as NULL) comes back."""
+    if value is None:
+        return True
+    try:
+        return bool(pd.isna(value))
+    except (TypeError, ValueError):  # a list or an array is a value, not a missing one
+        return False
+
+
+def _text(value) -> str:
+    """A logged token text; a NULL one is shown as nothing rather than as "None"."""
+    return "" if is_missing(value) else str(value)
+
+
 def _format(value) -> str:
-    if value is None or (isinstance(value, float) and math.isnan(value)):
+    if is_missing(value):
         return "–"
     if isinstance(value, float):
         return f"{value:.4g}"
@@ -122,16 +137,19 @@ def token_heatmap_html(tokens: pd.DataFrame, channel_name: str, hover_columns: l
     for record in tokens.to_dict("records"):
         background, text_colour = _colour(record.get(channel.column), low, high, channel.colorscale)
         clip = record.get("clip")
-        clip = int(clip) if clip is not None and not pd.isna(clip) else 0
-        hover = [f"#{record['position']}  {record['token_text']!r}"]
+        clip = 0 if is_missing(clip) else int(clip)
+        text = _text(record.get("token_text"))
+        position = record.get("position")
+        position = "" if is_missing(position) else int(position)
+        hover = [f"#{position}  {text!r}"]
         hover += [f"{name}: {_format(record.get(name))}" for name in hover_columns]
         if "clip" in record:
             hover.append(f"clip: {CLIP_NAMES.get(clip, clip)}")
         spans.append(
-            f'<span class="pl-token" data-position="{int(record["position"])}" data-clip="{clip}"'
+            f'<span class="pl-token" data-position="{position}" data-clip="{clip}"'
             f' title="{html.escape(chr(10).join(hover), quote=True)}"'
             f' style="background:{background};color:{text_colour};{CLIP_STYLES.get(clip, "")}'
-            f'padding:1px 2px;margin:1px 1px;border-radius:2px;">{visible_text(str(record["token_text"]))}</span>'
+            f'padding:1px 2px;margin:1px 1px;border-radius:2px;">{visible_text(text)}</span>'
         )
     legend = colour_legend_html(channel, low, high)
     return (
