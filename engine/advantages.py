@@ -69,7 +69,7 @@ def process_advantages(
     step_ends: Sequence[Sequence[int]],
     lengths: Sequence[int],
 ) -> torch.Tensor:
-    """Per-token advantages from process (PRM) rewards for one group (GRPO paper Sec. 4.1.3, the seed's formula).
+    """Per-token advantages from process (PRM) rewards for one group (GRPO paper Sec. 4.1.3).
 
     step_rewards[i][j]: PRM score of step j of completion i; step_ends[i][j]: 0-based index of that step's last
     token (increasing); lengths[i]: completion i's token count. All step rewards of the group are normalised

@@ -92,7 +92,7 @@ class TrainConfig:
     """Algorithm preset (grpo, dapo, gspo, gspo_token, aspo, dr_grpo, cispo, sapo, gmpo): sets the objective and
     the loop settings its paper prescribes; any field given explicitly overrides the preset."""
     task: str = "linear"
-    """Task with an exact verifier (see engine.tasks): `linear` (solve a x + b = c, the seed's example) or the
+    """Task with an exact verifier (see engine.tasks): `linear` (solve a x + b = c, as in 2x + 3 = 7) or the
     variable-length task."""
     supervision: str = "outcome"
     """`outcome`: one reward per completion, every token gets the group-normalised advantage (GRPO sec. 4.1.2).

@@ -1,4 +1,5 @@
-"""Tests of engine/advantages.py: group (outcome) advantages, the seed's process-supervision example, GAE."""
+"""Tests of engine/advantages.py: group (outcome) advantages, the worked process-supervision example (two
+solutions of 2x + 3 = 7, one right, one wrong from step 2), GAE."""
 
 from __future__ import annotations
 
@@ -65,18 +66,18 @@ def test_group_advantages_validation(rewards, group_size, words):
 
 
 # ----------------------------------------------------------------------------------------------------------------
-# process_advantages: the seed's worked example
+# process_advantages: the worked PRM example (2x + 3 = 7, one solution right, one wrong from step 2)
 
-SEED_REWARDS = [[0.9, 0.95, 0.8], [0.9, -0.8, -0.9]]
-SEED_ENDS = [[3, 7, 9], [2, 5, 8]]  # last token of each step
-SEED_LENGTHS = [10, 9]
+WORKED_REWARDS = [[0.9, 0.95, 0.8], [0.9, -0.8, -0.9]]
+WORKED_ENDS = [[3, 7, 9], [2, 5, 8]]  # last token of each step
+WORKED_LENGTHS = [10, 9]
 
 
 def test_process_advantages_on_the_seed_example_by_hand():
     # all six step rewards: mean 1.85 / 6 = 0.308333, unbiased std sqrt(4.042083 / 5) = 0.899120
     # normalized: 0.658050, 0.713660, 0.546830 | 0.658050, -1.232685, -1.343905 (they sum to 0, so the two
     # answers' first-token advantages are opposite)
-    out = process_advantages(SEED_REWARDS, SEED_ENDS, SEED_LENGTHS)
+    out = process_advantages(WORKED_REWARDS, WORKED_ENDS, WORKED_LENGTHS)
     assert out.shape == (2, 10)
     first = [1.918541] * 4 + [1.260490] * 4 + [0.546830] * 2  # steps 1+2+3, steps 2+3, step 3
     second = [-1.918541] * 3 + [-2.576591] * 3 + [-1.343905] * 3 + [0.0]  # last column is padding
@@ -84,16 +85,16 @@ def test_process_advantages_on_the_seed_example_by_hand():
 
 
 def test_process_advantages_matches_the_formula_with_stdlib_statistics():
-    flat = [x for rs in SEED_REWARDS for x in rs]
+    flat = [x for rs in WORKED_REWARDS for x in rs]
     mu, sd = statistics.mean(flat), statistics.stdev(flat)  # stdev is the unbiased (n - 1) estimate
-    normed = [[(x - mu) / (sd + 1e-6) for x in rs] for rs in SEED_REWARDS]
+    normed = [[(x - mu) / (sd + 1e-6) for x in rs] for rs in WORKED_REWARDS]
     expected = np.zeros((2, 10))
-    for i, (ends, n) in enumerate(zip(SEED_ENDS, SEED_LENGTHS, strict=True)):
+    for i, (ends, n) in enumerate(zip(WORKED_ENDS, WORKED_LENGTHS, strict=True)):
         for t in range(n):
             expected[i, t] = sum(rt for rt, end in zip(normed[i], ends, strict=True) if end >= t)
-    out = process_advantages(SEED_REWARDS, SEED_ENDS, SEED_LENGTHS)
+    out = process_advantages(WORKED_REWARDS, WORKED_ENDS, WORKED_LENGTHS)
     np.testing.assert_allclose(out.double().numpy(), expected, rtol=0, atol=1e-6)
-    # the seed's reading: the second answer goes wrong at step 2, so its early tokens are pushed down
+    # what the example shows: the second answer goes wrong at step 2, so its early tokens are pushed down
     assert bool((out[1, :9] < 0).all()) and bool((out[0] > 0).all())
 
 
@@ -111,8 +112,8 @@ def test_process_advantages_all_equal_steps_and_empty_completion():
 
 def test_process_advantages_accepts_numpy_integers():
     ends = [list(np.array([3, 7, 9])), list(np.array([2, 5, 8]))]
-    out = process_advantages(SEED_REWARDS, ends, [np.int64(10), np.int64(9)])
-    torch.testing.assert_close(out, process_advantages(SEED_REWARDS, SEED_ENDS, SEED_LENGTHS))
+    out = process_advantages(WORKED_REWARDS, ends, [np.int64(10), np.int64(9)])
+    torch.testing.assert_close(out, process_advantages(WORKED_REWARDS, WORKED_ENDS, WORKED_LENGTHS))
 
 
 @pytest.mark.parametrize(

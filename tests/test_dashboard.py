@@ -213,7 +213,7 @@ def test_replay_follows_an_eval_prompt_across_steps(trained, monkeypatch):
         assert at.session_state["replay_step"] == int(steps[1])
 
 
-def test_prm_page_shows_logged_step_rewards_and_the_seed_sandbox(trained_prm, monkeypatch):
+def test_prm_page_shows_logged_step_rewards_and_the_worked_example_sandbox(trained_prm, monkeypatch):
     logs_dir, run = trained_prm
     step = last_step(logs_dir, run)
     at = open_page(logs_dir, "prm_steps", monkeypatch, run=run, step=step)
@@ -227,7 +227,7 @@ def test_prm_page_shows_logged_step_rewards_and_the_seed_sandbox(trained_prm, mo
     shown = dataframe(at, "completion", "step_index", "reward_norm")
     np.testing.assert_allclose(shown["reward_raw"], steps["reward_raw"], rtol=1e-9)
     np.testing.assert_allclose(shown["reward_norm"], steps["reward_norm"], rtol=1e-9)
-    # The sandbox, prefilled with the seed's example: normalized over all six step rewards (unbiased std).
+    # The sandbox, prefilled with the worked PRM example: normalized over all six step rewards (unbiased std).
     rewards = np.array([0.9, 0.95, 0.8, 0.9, -0.8, -0.9])
     normalized = (rewards - rewards.mean()) / (rewards.std(ddof=1) + 1e-6)
     table = dataframe(at, "step 1 normalized")
