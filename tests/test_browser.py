@@ -14,8 +14,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-
-from dashboard.synthetic import HOSTILE_TOKEN, synthetic_step
+from synthetic_runs import HOSTILE_TOKEN, synthetic_step
 
 ROOT = Path(__file__).resolve().parent.parent
 CHROMIUM = os.environ.get("CHROMIUM", "/usr/bin/chromium")

@@ -339,8 +339,9 @@ def test_damaged_and_crashed_runs_are_reported_and_the_rest_works(trained, tmp_p
 
 
 def test_a_running_run_shows_new_steps_on_the_next_rerun(tmp_path, monkeypatch):
+    from synthetic_runs import synthetic_step
+
     from dashboard.queries import LIVE_TTL
-    from dashboard.synthetic import synthetic_step
     from engine.runlog import RunWriter
 
     writer = RunWriter.create(tmp_path, "live", algorithm="grpo", task="linear", config={}, model="m")

@@ -1,4 +1,5 @@
-"""Synthetic runs for the dashboard's benchmark and browser test, written through the real `RunWriter`.
+"""Synthetic runs for the dashboard's tests and benchmark (test data, not part of the app), written through the
+real `RunWriter`.
 
 The numbers are made up but shaped like the engine's (groups of G completions of an equation task, log-probs,
 ratios that drift from 1 across passes, clip codes that follow the GRPO rule, PRM steps), so queries and charts
@@ -117,7 +118,7 @@ def write_synthetic_run(logs_dir: str, name: str, steps: int = 3, groups: int = 
         writer.set_status(status)
 
 
-if __name__ == "__main__":  # handy for trying the dashboard: python -m dashboard.synthetic LOGS_DIR NAME
+if __name__ == "__main__":  # handy for trying the dashboard: python tests/synthetic_runs.py LOGS_DIR NAME [STEPS]
     import sys
 
     write_synthetic_run(sys.argv[1], sys.argv[2], steps=int(sys.argv[3]) if len(sys.argv) > 3 else 5)
