@@ -9,6 +9,7 @@ do the same work as on a trained run. The dashboard's functional tests use runs 
 from __future__ import annotations
 
 import json
+import re
 
 import numpy as np
 import pandas as pd
@@ -29,6 +30,10 @@ HOSTILE_TEXTS = [
     "&lt;b&gt; | a | b |\n|---|---|",
     "*em* **strong** `code` # h > q ~~s~~",
 ]
+# What GitHub-flavoured markdown turns into a link without any markup (its "autolink literal" extension, which
+# Streamlit uses), and Streamlit's `:emoji:` / `:material/icon:` codes: both are found in the text after escapes are
+# resolved, so text shown through markdown must hold none of them.
+AUTOLINK_OR_SHORTCODE = re.compile(r"https?://|www\.|[\w.+-]@[\w-]|:[\w+/-]+:", flags=re.I)
 # Pieces of an equation solution; spaces and newlines are part of the tokens on purpose.
 VOCAB = ["2", "x", " +", " 3", " =", " 7", "\n", " -", " 4", "x =", " 2", "Step", " 1", ":", " so", " subtract",
          " divide", " by", "<eos>"]

@@ -10,7 +10,7 @@ import numpy as np
 import pandas as pd
 import pytest
 from markdown_it import MarkdownIt
-from synthetic_runs import HOSTILE_TEXTS
+from synthetic_runs import AUTOLINK_OR_SHORTCODE, HOSTILE_TEXTS
 
 from dashboard import charts
 from dashboard.common import WORD_JOINER, flag, md, number, plain
@@ -134,11 +134,7 @@ def test_heatmaps_send_explicit_colour_stops_in_the_direction_of_the_token_view(
 
 # ---------------------------------------------------------------- logged text in markdown
 
-MARKDOWN = MarkdownIt("commonmark").enable(["table", "strikethrough"])
-# What GitHub-flavoured markdown turns into a link without any markup (its "autolink literal" extension, which
-# Streamlit uses and markdown-it-py's commonmark does not), and Streamlit's `:emoji:` / `:material/icon:` codes:
-# both are found in the text after escapes are resolved, so the shown text must hold none of them.
-AUTOLINK_OR_SHORTCODE = re.compile(r"https?://|www\.|[\w.+-]@[\w-]|:[\w+/-]+:", flags=re.I)
+MARKDOWN = MarkdownIt("commonmark").enable(["table", "strikethrough"])  # GFM autolinks are checked by regex
 
 
 @pytest.mark.parametrize("text", [*HOSTILE_TEXTS, "plain", "a\\b", "\\$5", "tab\there"])
