@@ -7,6 +7,7 @@ value of their quantity (0 for advantages and weights, 1 for ratios), clip event
 
 from __future__ import annotations
 
+import html
 import math
 
 import numpy as np
@@ -220,8 +221,9 @@ def group_step_rewards(prm_steps: pd.DataFrame) -> go.Figure:
 
 def sandbox_advantages(advantages: np.ndarray, labels: list[str], lengths: list[int]) -> go.Figure:
     """Per-token advantages computed by the sandbox, one line per completion."""
-    lines = [{"type": "scatter", "x": np.arange(lengths[i]), "y": advantages[i, : lengths[i]], "name": label,
-              "mode": "lines+markers", "line": {"shape": "hv"}, "marker": {"size": 5}}
+    # Labels are typed by the user into the sandbox: escaped, since plotly draws <a href>, <b>... in legend names.
+    lines = [{"type": "scatter", "x": np.arange(lengths[i]), "y": advantages[i, : lengths[i]],
+              "name": html.escape(label), "mode": "lines+markers", "line": {"shape": "hv"}, "marker": {"size": 5}}
              for i, label in enumerate(labels)]
     return go.Figure(data=lines, layout={
         "height": 280, "margin": {"l": 40, "r": 10, "t": 20, "b": 30},

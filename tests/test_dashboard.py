@@ -448,7 +448,7 @@ def minimal_logs(tmp_path_factory):
     with RunWriter.create(logs, "text-only", config={}) as writer:
         writer.log_step(0, rollouts={"completion": ["x = 2", "x = 5"]}, tokens={"token_text": ["x", " ="]},
                         prm_steps={"text": ["x = 2"]})
-        writer.log_step(1, rollouts={"rollout_id": [3], "kind": ["train"], "completion": ["x = 2"]},
+        writer.log_step(1, rollouts={"rollout_id": [3, None], "kind": ["train", "train"], "completion": ["x = 2", "x"]},
                         tokens={"rollout_id": [3, 3], "token_text": ["x", " = 2"]})
     return str(logs)
 

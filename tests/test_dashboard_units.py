@@ -185,3 +185,8 @@ def test_reasoning_steps_of_an_outcome_supervised_run_show_raw_rewards_without_n
     assert "step 0 · raw 1 · norm +0.707" in with_norm and "step 1 · raw 0 · norm -0.707" in with_norm
     both = charts.group_step_rewards(steps.assign(completion="#0", reward_norm=[1.0, 2.0]))
     assert {trace.xaxis for trace in both.data} == {"x", "x2"}
+
+
+def test_sandbox_labels_typed_by_the_user_reach_plotly_escaped():
+    figure = charts.sandbox_advantages(np.zeros((1, 2)), ['<a href="https://example.com">x</a>'], [2])
+    assert figure.data[0].name == "&lt;a href=&quot;https://example.com&quot;&gt;x&lt;/a&gt;"

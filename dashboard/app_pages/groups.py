@@ -85,5 +85,6 @@ for group in shown.iloc[(page - 1) * GROUPS_PER_PAGE: page * GROUPS_PER_PAGE].it
                                + f" + length {common.number(r.reward_length)}")
                 # st.code escapes its text and keeps whitespace and newlines as they are.
                 column.code(common.plain(r.completion), language=None, wrap_lines=True)
-                column.page_link("app_pages/token_inspector.py", label="tokens", icon=":material/text_fields:",
-                                 query_params={"run": run, "step": step, "rollout": int(r.rollout_id)})
+                if pd.notna(r.rollout_id):  # without its id a completion's tokens cannot be found
+                    column.page_link("app_pages/token_inspector.py", label="tokens", icon=":material/text_fields:",
+                                     query_params={"run": run, "step": step, "rollout": int(r.rollout_id)})
