@@ -62,7 +62,8 @@ def _demo_status(demo, logs: str) -> None:
         except Exception as error:
             common.show_error("the demo progress", error)
             return
-        if isinstance(progress, dict) and progress.get("running") is False:  # it stopped before logging a step
+        stopped = isinstance(progress, dict) and progress.get("running") is False
+        if stopped and not _supervisor_running(demo, logs):  # it ended before logging a step: offer it again
             st.session_state.pop("_demo_started", None)
             st.rerun(scope="app")
         st.info(f"The demo is running: it trains into {common.md(common.shown_path(logs))} in the background. First "
