@@ -20,6 +20,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "tests"))  # the synthetic run is test data: tests/synthetic_runs.py
 
 PAGES = ["runs", "replay", "groups", "token_inspector", "prm_steps", "algorithm_weighting"]
 RUN = "bench-1m"
@@ -27,7 +28,8 @@ RUN = "bench-1m"
 
 def ensure_run(logs_dir: Path, steps: int, groups: int, group_size: int, length: int) -> int:
     """Write the benchmark run if missing; return its number of token rows."""
-    from dashboard.synthetic import write_synthetic_run
+    from synthetic_runs import write_synthetic_run
+
     from engine.runlog import RunReader
 
     if not (logs_dir / RUN / "run.json").exists():

@@ -7,6 +7,7 @@ value of their quantity (0 for advantages and weights, 1 for ratios), clip event
 
 from __future__ import annotations
 
+import html
 import math
 
 import numpy as np
@@ -202,23 +203,27 @@ def prm_advantage_line(tokens: pd.DataFrame, prm_steps: pd.DataFrame) -> go.Figu
 
 
 def group_step_rewards(prm_steps: pd.DataFrame) -> go.Figure:
-    """All G completions' step rewards of one group: raw and normalized, one colour per completion."""
-    grid = Subplots(1, 2, ["raw step reward", "normalized over the group"], vspace=0)
+    """All G completions' step rewards of one group: raw and normalized, one colour per completion (raw only for a
+    run trained with outcome supervision, which logs no normalized step rewards)."""
+    columns = ["reward_raw", "reward_norm"] if prm_steps["reward_norm"].notna().any() else ["reward_raw"]
+    titles = {"reward_raw": "raw step reward", "reward_norm": "normalized over the group"}
+    grid = Subplots(1, len(columns), [titles[c] for c in columns], vspace=0)
     for i, (label, frame) in enumerate(prm_steps.groupby("completion", sort=True)):
         colour = PALETTE[i % len(PALETTE)]
-        for panel, col in enumerate(("reward_raw", "reward_norm")):
+        for panel, col in enumerate(columns):
             grid.add(panel, {"type": "bar", "x": frame["step_index"].to_numpy(), "y": frame[col].to_numpy(dtype=float),
                              "name": str(label), "legendgroup": str(label), "showlegend": panel == 0,
                              "marker": {"color": colour}})
-    for panel in (0, 1):
+    for panel in range(len(columns)):
         grid.axis(panel, "x").update(title={"text": "step"}, dtick=1)
     return grid.figure(height=280, barmode="group", margin={"l": 40, "r": 10, "t": 40, "b": 40})
 
 
 def sandbox_advantages(advantages: np.ndarray, labels: list[str], lengths: list[int]) -> go.Figure:
     """Per-token advantages computed by the sandbox, one line per completion."""
-    lines = [{"type": "scatter", "x": np.arange(lengths[i]), "y": advantages[i, : lengths[i]], "name": label,
-              "mode": "lines+markers", "line": {"shape": "hv"}, "marker": {"size": 5}}
+    # Labels are typed by the user into the sandbox: escaped, since plotly draws <a href>, <b>... in legend names.
+    lines = [{"type": "scatter", "x": np.arange(lengths[i]), "y": advantages[i, : lengths[i]],
+              "name": html.escape(label), "mode": "lines+markers", "line": {"shape": "hv"}, "marker": {"size": 5}}
              for i, label in enumerate(labels)]
     return go.Figure(data=lines, layout={
         "height": 280, "margin": {"l": 40, "r": 10, "t": 20, "b": 30},

@@ -7,6 +7,7 @@ Page-specific parameters (rollout, channel, pass, group, ...) go through `url_va
 
 from __future__ import annotations
 
+import functools
 import os
 import re
 import sys
@@ -14,6 +15,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import streamlit as st
+
+from dashboard.tokens import is_missing
 
 LOGS_DIR_ENV = "POLICYLENS_LOGS_DIR"
 
@@ -37,15 +40,59 @@ def shown_path(path: str) -> str:
         return path
 
 
-_MARKDOWN_SPECIAL = re.compile(r"([\\`*_{}\[\]()#+\-.!|<>~$:])")
+# Every ASCII punctuation character may be backslash-escaped in CommonMark, and escaping all of them leaves no
+# formatting, link, image, HTML, table, heading or `$...$` formula that a logged string could start.
+_ASCII_PUNCTUATION = re.compile(r"([!-/:-@\[-`{-~])")
+# Escaping does not stop GitHub-flavoured markdown from turning bare `http://...`, `www.…` and `a@b.c` into links, nor
+# Streamlit from turning `:name:` into an emoji or icon: those are matched in the text after unescaping. An invisible
+# word joiner after every ':' and '@' and between 'www' and '.' breaks each pattern without changing what is read.
+_LINK_STARTS = re.compile(r"[:@]|(?i:www)(?=\.)")
+WORD_JOINER = "\u2060"
 
 
 def md(value) -> str:
-    """Any logged or URL-supplied text made literal for Streamlit's markdown (captions, warnings, headers).
+    """Logged or URL-supplied text made literal for Streamlit's markdown (captions, headers, warnings, errors).
 
-    A prompt, a run's task name or a hand-edited link could otherwise render as a link, an image fetched from
-    anywhere, or formatting. Token text never goes through markdown at all (see tokens.py)."""
-    return _MARKDOWN_SPECIAL.sub(r"\\\1", str(value))
+    The one way any logged string (prompt, completion, answer, filter reason, task, error message...) may enter a
+    markdown element: it is shown as its characters, never as a link, an image fetched from anywhere, a formula or
+    formatting. A missing value (None, NaN, NA) reads as "–". Whole blocks of logged text use `st.text`/`st.code`
+    instead, and token text never goes through markdown at all (see tokens.py)."""
+    if is_missing(value):
+        return "–"
+    text = _LINK_STARTS.sub(lambda match: match.group(0) + WORD_JOINER, str(value))
+    return _ASCII_PUNCTUATION.sub(r"\\\1", text)
+
+
+def flag(value) -> bool:
+    """A logged boolean that may be NULL (a column the logger left out): only a real True counts."""
+    return not is_missing(value) and bool(value)
+
+
+def plain(value) -> str:
+    """A logged string for `st.text`, `st.code` or a widget's option label (which show text as it is), "–" when
+    it was not logged."""
+    return "–" if is_missing(value) else str(value)
+
+
+def number(value, spec: str = ".3g") -> str:
+    """A logged number formatted with `spec`, or "–" when it was not logged (NULL/NaN)."""
+    return "–" if is_missing(value) else format(value, spec)
+
+
+@functools.cache
+def app_icon():
+    """The browser tab's icon, drawn here: a Material or emoji `page_icon` makes the browser fetch it from a font
+    or emoji CDN on every page, and the dashboard must work offline without a single outbound request."""
+    from PIL import Image, ImageDraw
+
+    icon = Image.new("RGBA", (64, 64), (0, 0, 0, 0))
+    draw = ImageDraw.Draw(icon)
+    draw.ellipse((4, 4, 48, 48), outline=(31, 119, 180, 255), width=7)  # a lens...
+    draw.line((42, 42, 60, 60), fill=(31, 119, 180, 255), width=9)  # ...with its handle
+    draw.rectangle((16, 28, 21, 37), fill=(214, 39, 40, 255))  # and three bars of a chart inside it
+    draw.rectangle((24, 20, 29, 37), fill=(44, 160, 44, 255))
+    draw.rectangle((32, 14, 37, 37), fill=(255, 127, 14, 255))
+    return icon
 
 
 def linked(key: str) -> str:

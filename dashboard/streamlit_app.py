@@ -27,7 +27,7 @@ LIVE_POLL_SECONDS = 3
 PAGES_DIR = Path(__file__).resolve().parent / "app_pages"
 STATUS_MARK = {"running": "● ", "crashed": "✖ ", "stopped": "■ ", "finished": ""}
 
-st.set_page_config(page_title="PolicyLens", page_icon=":material/visibility:", layout="wide")
+st.set_page_config(page_title="PolicyLens", page_icon=common.app_icon(), layout="wide")
 logs = common.logs_dir()
 
 try:
@@ -109,7 +109,8 @@ if steps:
 if info["status"] == "running":
     st.sidebar.success(f"{common.md(run)} is training")
 elif info["status"] == "crashed":
-    st.sidebar.error(f"{common.md(run)} crashed at step {info['last_step']}; its logged steps are shown.")
+    at_step = f"at step {last_logged}" if last_logged >= 0 else "before logging any step"
+    st.sidebar.error(f"{common.md(run)} crashed {at_step}; its logged steps are shown.")
 shown_logs = common.md(common.shown_path(logs))
 st.sidebar.caption(f"{common.md(info['algorithm'])} · {common.md(info['task'])} · logs: {shown_logs}")
 try:

@@ -93,19 +93,38 @@ def _palette(colorscale: str, levels: int = 256) -> tuple[tuple[str, str], ...]:
 
 def _colour(value, low: float, high: float, colorscale: str) -> tuple[str, str]:
     """(background, text colour) for one value; missing values are left uncoloured."""
-    if value is None or (isinstance(value, float) and not math.isfinite(value)):
+    if is_missing(value) or not math.isfinite(float(value)):
         return "transparent", "inherit"
     palette = _palette(colorscale)
     position = min(1.0, max(0.0, (float(value) - low) / (high - low)))
     return palette[round(position * (len(palette) - 1))]
 
 
+def is_missing(value) -> bool:
+    """None, NaN or pandas' NA: how a column the logger left out (stored as NULL) comes back."""
+    if value is None:
+        return True
+    try:
+        return bool(pd.isna(value))
+    except (TypeError, ValueError):  # a list or an array is a value, not a missing one
+        return False
+
+
+def _text(value) -> str:
+    """A logged token text; a NULL one is shown as nothing rather than as "None"."""
+    return "" if is_missing(value) else str(value)
+
+
 def _format(value) -> str:
-    if value is None or (isinstance(value, float) and math.isnan(value)):
+    if is_missing(value):
         return "–"
     if isinstance(value, float):
         return f"{value:.4g}"
     return str(value)
+
+
+def _format_signed(value) -> str:
+    return "–" if is_missing(value) else f"{float(value):+.3g}"
 
 
 def token_heatmap_html(tokens: pd.DataFrame, channel_name: str, hover_columns: list[str] | None = None) -> str:
@@ -123,16 +142,19 @@ def token_heatmap_html(tokens: pd.DataFrame, channel_name: str, hover_columns: l
     for record in tokens.to_dict("records"):
         background, text_colour = _colour(record.get(channel.column), low, high, channel.colorscale)
         clip = record.get("clip")
-        clip = int(clip) if clip is not None and not pd.isna(clip) else 0
-        hover = [f"#{record['position']}  {record['token_text']!r}"]
+        clip = 0 if is_missing(clip) else int(clip)
+        text = _text(record.get("token_text"))
+        position = record.get("position")
+        position = "" if is_missing(position) else int(position)
+        hover = [f"#{position}  {text!r}"]
         hover += [f"{name}: {_format(record.get(name))}" for name in hover_columns]
         if "clip" in record:
             hover.append(f"clip: {CLIP_NAMES.get(clip, clip)}")
         spans.append(
-            f'<span class="pl-token" data-position="{int(record["position"])}" data-clip="{clip}"'
+            f'<span class="pl-token" data-position="{position}" data-clip="{clip}"'
             f' title="{html.escape(chr(10).join(hover), quote=True)}"'
             f' style="background:{background};color:{text_colour};{CLIP_STYLES.get(clip, "")}'
-            f'padding:1px 2px;margin:1px 1px;border-radius:2px;">{visible_text(str(record["token_text"]))}</span>'
+            f'padding:1px 2px;margin:1px 1px;border-radius:2px;">{visible_text(text)}</span>'
         )
     legend = colour_legend_html(channel, low, high)
     return (
@@ -164,30 +186,38 @@ def reasoning_steps_html(tokens: pd.DataFrame, steps: pd.DataFrame) -> str:
     """A completion split into its reasoning steps: one block per step with its raw and normalized reward.
 
     `tokens` has position and token_text; `steps` has step_index, first_pos, last_pos, reward_raw, reward_norm.
-    Tokens outside every step (e.g. after the last one) are shown greyed at the end.
+    Blocks are coloured by the normalized reward; a run trained with outcome supervision logs the verifier's raw
+    step rewards but no normalized ones (its advantages do not use them), and its blocks are coloured by the raw
+    reward and say so. Tokens outside every step (e.g. after the last one) are shown greyed at the end.
     """
-    text_at = dict(zip(tokens["position"], tokens["token_text"].astype(str), strict=True))
+    text_at = {int(p): _text(t) for p, t in zip(tokens["position"], tokens["token_text"], strict=True)
+               if not is_missing(p)}
+    steps = steps[steps["first_pos"].notna() & steps["last_pos"].notna()].sort_values("step_index")
+    uses_step_rewards = bool(steps["reward_norm"].notna().any())
+    coloured_by = steps["reward_norm" if uses_step_rewards else "reward_raw"]
+    spread = float(pd.to_numeric(coloured_by, errors="coerce").abs().max()) if coloured_by.notna().any() else 0.0
+    spread = spread or 1.0
     covered: set[int] = set()
-    spread = float(steps["reward_norm"].abs().max()) if len(steps) else 1.0
     blocks = []
-    for step in steps.sort_values("step_index").itertuples(index=False):
+    for step, value in zip(steps.itertuples(index=False), coloured_by, strict=True):
         positions = range(int(step.first_pos), int(step.last_pos) + 1)
         covered.update(positions)
         text = "".join(visible_text(text_at.get(p, "")) for p in positions)
-        background, colour = _colour(float(step.reward_norm), -spread or -1.0, spread or 1.0, "RdBu")
+        background, colour = _colour(value, -spread, spread, "RdBu")
+        norm = f"norm {_format_signed(step.reward_norm)}" if uses_step_rewards else "not used by the advantages"
         blocks.append(
             '<div class="pl-step" style="display:flex;gap:10px;align-items:flex-start;margin:4px 0;">'
             f'<div style="min-width:170px;padding:2px 6px;border-radius:4px;background:{background};color:{colour};'
-            f'font-size:12px;">step {int(step.step_index)} · raw {step.reward_raw:.3g} · norm '
-            f'{step.reward_norm:+.3g}</div>'
+            f'font-size:12px;">step {_format(step.step_index)} · raw {_format(step.reward_raw)} · {norm}</div>'
             f'<div style="font-family:ui-monospace,Menlo,Consolas,monospace;font-size:14px;">{text}</div></div>'
         )
     rest = [p for p in sorted(text_at) if p not in covered]
     if rest:
         text = "".join(visible_text(text_at[p]) for p in rest)
+        note = "outside any step (advantage 0)" if uses_step_rewards else "outside any step"
         blocks.append(
             '<div style="display:flex;gap:10px;margin:4px 0;color:#888;"><div style="min-width:170px;font-size:12px;">'
-            'outside any step (advantage 0)</div>'
+            f'{note}</div>'
             f'<div style="font-family:ui-monospace,Menlo,Consolas,monospace;font-size:14px;">{text}</div></div>'
         )
     return "".join(blocks)

@@ -81,7 +81,7 @@ class TrainConfig:
     """Algorithm preset, one of engine.objectives.ALGORITHMS (listed under Choices): sets the objective and the loop
     settings its paper prescribes; any field given explicitly overrides the preset."""
     task: str = "linear"
-    """Task with an exact verifier (see engine.tasks): `linear` (solve a x + b = c, like 2x + 3 = 7) or the
+    """Task with an exact verifier (see engine.tasks): `linear` (solve a x + b = c, as in 2x + 3 = 7) or the
     variable-length task."""
     supervision: str = "outcome"
     """`outcome`: one reward per completion, every token gets the group-normalised advantage (GRPO sec. 4.1.2).

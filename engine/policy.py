@@ -96,7 +96,7 @@ class SFTConfig:
     """AdamW weight decay."""
     corrupt_frac: float = 0.1
     """Fraction of SFT examples in which one digit of one solution line is replaced by another, so the policy
-    also learns some wrong steps and answers (like the flawed solution `2x=4 -> x=1`)."""
+    also learns some wrong steps and answers (like the flawed solution `2x=4 -> x=1` of 2x + 3 = 7)."""
     answer_slip_frac: float = 0.85
     """Fraction of SFT solutions with a negative answer whose final line drops the minus sign (`x=-2` -> `x=2`).
     Unlike random digit noise this is a systematic bad habit, and a classic one: the warm-started policy knows the

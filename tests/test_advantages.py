@@ -1,4 +1,5 @@
-"""Tests of engine/advantages.py: group (outcome) advantages, a worked process-supervision example, GAE."""
+"""Tests of engine/advantages.py: group (outcome) advantages, the worked process-supervision example (two
+solutions of 2x + 3 = 7, one right, one wrong from step 2), GAE."""
 
 from __future__ import annotations
 
@@ -65,7 +66,7 @@ def test_group_advantages_validation(rewards, group_size, words):
 
 
 # ----------------------------------------------------------------------------------------------------------------
-# process_advantages: a worked example, two solutions of 2x + 3 = 7 scored step by step
+# process_advantages: the worked PRM example (2x + 3 = 7, one solution right, one wrong from step 2)
 
 WORKED_REWARDS = [[0.9, 0.95, 0.8], [0.9, -0.8, -0.9]]
 WORKED_ENDS = [[3, 7, 9], [2, 5, 8]]  # last token of each step
@@ -110,7 +111,7 @@ def test_process_advantages_matches_the_formula_with_stdlib_statistics():
             expected[i, t] = sum(rt for rt, end in zip(normed[i], ends, strict=True) if end >= t)
     out = process_advantages(WORKED_REWARDS, WORKED_ENDS, WORKED_LENGTHS)
     np.testing.assert_allclose(out.double().numpy(), expected, rtol=0, atol=1e-6)
-    # how to read it: the second answer goes wrong at step 2, so its early tokens are pushed down
+    # what the example shows: the second answer goes wrong at step 2, so its early tokens are pushed down
     assert bool((out[1, :9] < 0).all()) and bool((out[0] > 0).all())
 
 

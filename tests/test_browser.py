@@ -2,7 +2,8 @@
 dashboard` on a free loopback port.
 
 Checks what only a browser can: the token inspector opened from a URL renders the logged tokens, a hostile token
-is shown as text (no element, no script), and a running run's new step appears without a reload.
+is shown as text (no element, no script), a running run's new step appears without a reload, and no page makes a
+request anywhere but the app itself or turns logged text into a link, an image or a formula.
 """
 
 from __future__ import annotations
@@ -11,11 +12,11 @@ import importlib.util
 import os
 import time
 from pathlib import Path
+from urllib.parse import urlparse
 
 import numpy as np
 import pytest
-
-from dashboard.synthetic import HOSTILE_TOKEN, synthetic_step
+from synthetic_runs import HOSTILE_TEXTS, HOSTILE_TOKEN, synthetic_step, write_hostile_run
 
 ROOT = Path(__file__).resolve().parent.parent
 CHROMIUM = os.environ.get("CHROMIUM", "/usr/bin/chromium")
@@ -83,3 +84,61 @@ def test_token_inspector_in_a_browser_escapes_tokens_and_updates_live(tmp_path):
     finally:
         writer.close()
     assert dialogs == []
+
+
+def test_every_page_shows_logged_text_as_text_and_nothing_leaves_the_app(tmp_path):
+    """Offline and safe: on the empty page and on every page of a run whose logged strings are all hostile, the
+    browser asks nothing of any address but the app's own (no font, icon or image from elsewhere, not even another
+    port on 127.0.0.1), no link, image or formula is made from logged text, no script runs, and the text is shown."""
+    from playwright.sync_api import sync_playwright
+
+    from engine.runlog import RunReader
+
+    screenshots = _screenshots_module()
+    dialogs, requests = [], []
+    with screenshots.serve_dashboard(tmp_path) as url, sync_playwright() as playwright:
+        app = urlparse(url)
+        browser = screenshots.launch_browser(playwright)
+        page = browser.new_page(viewport={"width": 1400, "height": 1000})
+        page.on("dialog", lambda dialog: (dialogs.append(dialog.message), dialog.dismiss()))
+        page.on("request", lambda request: requests.append(request.url))
+
+        page.goto(url)  # nothing logged yet: the page that offers the demo
+        screenshots.wait_until_rendered(page)
+        page.get_by_role("button", name="Start the demo").wait_for(timeout=60_000)
+        assert outside(requests, app) == []
+
+        write_hostile_run(str(tmp_path), "hostile")
+        rollouts = RunReader(tmp_path).sql("SELECT rollout_id FROM rollouts WHERE step = 1 AND filtered")
+        filtered = int(rollouts["rollout_id"].iloc[0])
+        for name, (path, query) in screenshots.PAGES.items():
+            query = {"run": "hostile", "step": 1, **query}
+            if name == "token_inspector":  # a rollout of the dropped group: its filter reason is shown
+                query["rollout"] = filtered
+            page.goto(f"{url}/{path}?" + "&".join(f"{k}={v}" for k, v in query.items()))
+            screenshots.wait_until_rendered(page)
+            shown = HOSTILE_TEXTS[0] if name != "groups" else " ".join(HOSTILE_TEXTS[:3])  # the task; a filter reason
+            wait_for_text(page, shown)
+            assert outside(requests, app) == [], name
+            # Every link stays in the app (page navigation); no image comes from anywhere else; no formula.
+            hrefs = page.eval_on_selector_all("a[href]", "links => links.map(a => a.href)")
+            assert [h for h in hrefs if urlparse(h).netloc != app.netloc] == [], name
+            sources = page.eval_on_selector_all("img", "images => images.map(i => i.src)")
+            assert [s for s in sources if urlparse(s).scheme not in ("data", "blob")
+                    and urlparse(s).netloc != app.netloc] == [], name
+            assert page.locator(".katex, [data-testid='stMainBlockContainer'] script").count() == 0, name
+        browser.close()
+    assert dialogs == []
+
+
+def wait_for_text(page, text: str, timeout_ms: int = 60_000) -> None:
+    """Wait until the app shows `text` as its characters (word joiners, which break autolinks, left aside)."""
+    page.wait_for_function(
+        "text => document.querySelector('[data-testid=\"stApp\"]').innerText.replaceAll('\\u2060', '').includes(text)",
+        arg=text, timeout=timeout_ms,
+    )
+
+
+def outside(requests: list[str], app) -> list[str]:
+    """The requests that went anywhere but the app's own address (data: and blob: URLs are not requests out)."""
+    return [r for r in requests if urlparse(r).scheme not in ("data", "blob") and urlparse(r).netloc != app.netloc]

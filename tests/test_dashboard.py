@@ -9,6 +9,7 @@ from __future__ import annotations
 import base64
 import html
 import json
+import os
 import re
 import shutil
 import time
@@ -20,7 +21,9 @@ import pandas as pd
 import pytest
 import torch
 from streamlit.testing.v1 import AppTest
+from synthetic_runs import AUTOLINK_OR_SHORTCODE, HOSTILE_TEXTS, write_hostile_run
 
+from dashboard.common import WORD_JOINER
 from engine.objectives import ALGORITHMS, CLIP_HIGH, CLIP_LOW, policy_loss
 
 APP = str(Path(__file__).resolve().parent.parent / "dashboard" / "streamlit_app.py")
@@ -213,7 +216,7 @@ def test_replay_follows_an_eval_prompt_across_steps(trained, monkeypatch):
         assert at.session_state["replay_step"] == int(steps[1])
 
 
-def test_prm_page_shows_logged_step_rewards_and_the_seed_sandbox(trained_prm, monkeypatch):
+def test_prm_page_shows_logged_step_rewards_and_the_worked_example_sandbox(trained_prm, monkeypatch):
     logs_dir, run = trained_prm
     step = last_step(logs_dir, run)
     at = open_page(logs_dir, "prm_steps", monkeypatch, run=run, step=step)
@@ -227,7 +230,7 @@ def test_prm_page_shows_logged_step_rewards_and_the_seed_sandbox(trained_prm, mo
     shown = dataframe(at, "completion", "step_index", "reward_norm")
     np.testing.assert_allclose(shown["reward_raw"], steps["reward_raw"], rtol=1e-9)
     np.testing.assert_allclose(shown["reward_norm"], steps["reward_norm"], rtol=1e-9)
-    # The sandbox, prefilled with two solutions of 2x + 3 = 7: normalized over all six step rewards (unbiased std).
+    # The sandbox, prefilled with the worked PRM example: normalized over all six step rewards (unbiased std).
     rewards = np.array([0.9, 0.95, 0.8, 0.9, -0.8, -0.9])
     normalized = (rewards - rewards.mean()) / (rewards.std(ddof=1) + 1e-6)
     table = dataframe(at, "step 1 normalized")
@@ -288,7 +291,7 @@ def test_unknown_run_in_the_url_is_explained_and_the_app_still_works(trained, mo
     at = open_page(logs_dir, None, monkeypatch, run=hostile, step=999999, rollout=-5)
     warnings = " ".join(w.value for w in at.sidebar.warning)
     assert "![x](" not in warnings  # escaped: shown as text, not rendered
-    assert hostile in warnings.replace("\\", "") and "not in the logs folder" in warnings
+    assert hostile in shown(warnings) and "not in the logs folder" in warnings
     assert at.query_params["run"] in {r.name for r in Path(logs_dir).iterdir() if (r / "run.json").exists()}
     at.switch_page("app_pages/groups.py").run()
     assert not at.exception
@@ -311,7 +314,7 @@ def test_empty_logs_folder_offers_the_demo(tmp_path, monkeypatch):
                                           "warm_start": {"step": 250, "steps": 1000, "loss": 0.8125}})
     at = open_page(tmp_path, None, monkeypatch)
     text = " ".join(m.value for m in at.markdown)
-    assert "No runs in" in text and "policylens demo" in text
+    assert "No runs in" in text and "policylens demo" in " ".join(c.value for c in at.code)
     at.button[0].click().run()
     assert not at.exception
     assert started == [str(tmp_path.resolve())]
@@ -339,8 +342,9 @@ def test_damaged_and_crashed_runs_are_reported_and_the_rest_works(trained, tmp_p
 
 
 def test_a_running_run_shows_new_steps_on_the_next_rerun(tmp_path, monkeypatch):
+    from synthetic_runs import synthetic_step
+
     from dashboard.queries import LIVE_TTL
-    from dashboard.synthetic import synthetic_step
     from engine.runlog import RunWriter
 
     writer = RunWriter.create(tmp_path, "live", algorithm="grpo", task="linear", config={}, model="m")
@@ -362,3 +366,157 @@ def test_a_running_run_shows_new_steps_on_the_next_rerun(tmp_path, monkeypatch):
     assert not at.exception
     assert at.query_params["step"] == "1"  # following the newest step
     writer.close()
+
+
+# ---------------------------------------------------------------- hostile and incomplete runs
+
+PAGES = {"runs": "Runs", "replay": "Replay", "groups": "Groups", "token_inspector": "Token inspector",
+         "prm_steps": "PRM steps", "algorithm_weighting": "Algorithm weighting"}
+
+
+def markdown_bodies(at: AppTest) -> list[str]:
+    """Every text of the page (main area and sidebar) that Streamlit renders as markdown."""
+    bodies = [e.value for kind in ("title", "header", "subheader", "markdown", "caption", "info", "warning", "error",
+                                   "success") for e in getattr(at, kind)]
+    bodies += [e.label for e in at.expander] + [e.label for e in at.metric]
+    bodies += [e.proto.label for e in at.get("page_link")]
+    return bodies
+
+
+def shown(body: str) -> str:
+    """The characters a reader sees for a markdown body: backslash escapes resolved, word joiners dropped."""
+    return re.sub(r"\\([!-/:-@\[-`{-~])", r"\1", body).replace(WORD_JOINER, "")
+
+
+def assert_no_markup_from_logged_text(at: AppTest) -> str:
+    """No markdown body can start a link, an image, HTML, a formula, an autolink or a shortcode; returns all the
+    shown text of the page, to check that the logged text is there."""
+    for body in markdown_bodies(at):
+        assert "![" not in body and "](" not in body, body
+        assert not re.search(r"(?<!\\)[$<]", body), body
+        assert not AUTOLINK_OR_SHORTCODE.search(re.sub(r"\\(.)", r"\1", body)), body
+    return "\n".join(shown(body) for body in markdown_bodies(at))
+
+
+@pytest.fixture(scope="module")
+def hostile_logs(tmp_path_factory):
+    logs = tmp_path_factory.mktemp("hostile")
+    write_hostile_run(str(logs), "hostile")
+    return str(logs)
+
+
+def test_logged_text_is_shown_as_text_on_every_page(hostile_logs, monkeypatch):
+    hostile = " ".join(HOSTILE_TEXTS)
+    rollouts = independent(hostile_logs, "rollouts", "WHERE step = 1 ORDER BY rollout_id")
+    filtered = int(rollouts[rollouts["filtered"]]["rollout_id"].iloc[0])
+    for page, query in [("runs", {}), ("replay", {}), ("groups", {}), ("prm_steps", {}),
+                        ("token_inspector", {"rollout": filtered}), ("algorithm_weighting", {})]:
+        at = open_page(hostile_logs, page, monkeypatch, run="hostile", step=1, **query)
+        assert [h.value for h in at.header] == [PAGES[page]]
+        text = assert_no_markup_from_logged_text(at)
+        assert HOSTILE_TEXTS[0] in text  # the task, in the sidebar
+        if page == "groups":  # the filter reason: in the step's summary line and on the dropped group
+            assert text.count(hostile) >= 2, text
+        if page == "token_inspector":
+            assert f"Reference answer: {hostile}" in text and f"Filtered from the update: {hostile}" in text
+        if page == "replay":
+            assert f"Solve {hostile}" in text
+
+
+def readme_logging_example() -> str:
+    (example,) = re.findall(r"```python\n(.*?)```", (Path(APP).parents[1] / "README.md").read_text(), flags=re.S)
+    return example
+
+
+@pytest.fixture(scope="module")
+def minimal_logs(tmp_path_factory):
+    """Runs the public API accepts with most columns left out (stored as NULL): the README's logging example run
+    as written, a run that logs only step metrics, and one whose rollouts and tokens carry nothing but text."""
+    from engine.runlog import RunWriter
+
+    folder = tmp_path_factory.mktemp("minimal")
+    cwd = Path.cwd()
+    os.chdir(folder)
+    try:
+        exec(compile(readme_logging_example(), "README.md", "exec"), {})
+    finally:
+        os.chdir(cwd)
+    logs = folder / "logs"
+    with RunWriter.create(logs, "metrics-only", config={}) as writer:
+        for step in range(3):
+            writer.log_step(step, metrics={"loss": 1.0 / (step + 1)})
+    with RunWriter.create(logs, "text-only", config={}) as writer:
+        writer.log_step(0, rollouts={"completion": ["x = 2", "x = 5"]}, tokens={"token_text": ["x", " ="]},
+                        prm_steps={"text": ["x = 2"]})
+        writer.log_step(1, rollouts={"rollout_id": [3, None], "kind": ["train", "train"], "completion": ["x = 2", "x"]},
+                        tokens={"rollout_id": [3, 3], "token_text": ["x", " = 2"]})
+    return str(logs)
+
+
+@pytest.mark.parametrize("run", ["my-run", "metrics-only", "text-only"])
+@pytest.mark.parametrize("page", list(PAGES))
+def test_every_page_works_on_a_minimal_run(minimal_logs, run, page, monkeypatch):
+    at = open_page(minimal_logs, page, monkeypatch, run=run)
+    assert [h.value for h in at.header] == [PAGES[page]]
+    assert not at.error, [e.value for e in at.error]
+    if run == "my-run" and page == "groups":  # the README's two completions, as logged
+        assert sorted(c.value for c in at.code) == ["5", "6"]
+    if run == "my-run" and page == "token_inspector":
+        assert at.get("html") and 'class="pl-token"' in at.get("html")[0].proto.body
+    if run == "my-run" and page == "algorithm_weighting":
+        assert "grpo" in dataframe(at, "algorithm", "low", "high")["algorithm"].tolist()
+
+
+def test_prm_page_on_an_outcome_supervised_run_shows_raw_step_rewards(trained, trained_prm, tmp_path, monkeypatch):
+    (outcome_logs, run), (process_logs, process_run) = trained, trained_prm
+    logs = tmp_path / "logs"
+    shutil.copytree(Path(outcome_logs) / run, logs / run)
+    shutil.copytree(Path(process_logs) / process_run, logs / process_run)
+    step = last_step(logs, run)
+    steps = independent(logs, "prm_steps", "WHERE run = ? AND step = ?", [run, step])
+    assert len(steps) and steps["reward_norm"].isna().all()  # the verifier scored the steps; nothing normalized
+    at = open_page(logs, "prm_steps", monkeypatch, run=run, step=step)
+    assert any("outcome supervision" in i.value and "do not use these step rewards" in i.value for i in at.info)
+    assert "nan" not in at.get("html")[0].proto.body.lower()
+    # The group's raw step rewards, as logged, in the only panel.
+    spec = plotly_spec(at, "group_step_rewards")
+    assert {t.get("xaxis", "x") for t in spec["data"]} == {"x"}
+    rollout = int(at.selectbox(key="prm_rollout").value)
+    rollouts = independent(logs, "rollouts", "WHERE run = ? AND step = ? AND kind = 'train'", [run, step])
+    group = rollouts.loc[rollouts["rollout_id"] == rollout, "group_id"].iloc[0]
+    members = rollouts[rollouts["group_id"] == group]["rollout_id"]
+    expected = steps[steps["rollout_id"].isin(members)]["reward_raw"]
+    np.testing.assert_allclose(sorted(np.concatenate([array(t["y"]) for t in spec["data"]])), sorted(expected))
+    # And a way to the run whose advantages do come from step rewards.
+    links = at.get("page_link")
+    assert [link.proto.query_string for link in links] == [f"run={process_run}"]
+
+
+def test_runs_table_keeps_the_key_columns_in_view(trained, tmp_path, monkeypatch):
+    logs_dir, run = trained
+    logs = tmp_path / "logs"
+    shutil.copytree(Path(logs_dir) / run, logs / run)
+    meta = json.loads((logs / run / "run.json").read_text())
+    meta["model"] = "a transformer policy " * 30  # a long description, as a user may log
+    (logs / run / "run.json").write_text(json.dumps(meta))
+    at = open_page(logs, None, monkeypatch)
+    table = next(frame.proto for frame in at.dataframe if "heldout_accuracy" in frame.value.columns)
+    order = list(table.column_order)
+    assert order[:5] == ["run", "status", "algorithm", "task", "heldout_accuracy"] and order[-1] == "model"
+    columns = json.loads(table.columns)
+    assert columns["run"]["pinned"] is True and columns["model"]["width"] == "medium"
+
+
+def test_while_the_demo_runs_the_empty_page_says_so_and_how_far_it_is(tmp_path, monkeypatch):
+    import engine.demo
+
+    monkeypatch.setattr(engine.demo, "running_supervisor", lambda logs_dir: 4242)
+    monkeypatch.setattr(engine.demo, "demo_progress",
+                        lambda logs_dir: {"running": True, "fraction": 0.0, "runs": [],
+                                          "warm_start": {"step": 125, "steps": 1000, "loss": 1.5}})
+    at = open_page(tmp_path, None, monkeypatch)
+    assert not at.button  # nothing to start: it is running
+    assert any(info.value.startswith("The demo is running") for info in at.info)
+    assert "No runs in" not in " ".join(m.value for m in at.markdown)
+    bars = {bar.proto.text: bar.proto.value for bar in at.get("progress")}
+    assert bars["warm start (supervised fine-tuning, shared by every demo run): step 125 of 1000, loss 1.500"] == 12

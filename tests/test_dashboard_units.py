@@ -3,14 +3,18 @@
 from __future__ import annotations
 
 import html
+import re
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
 import pytest
+from markdown_it import MarkdownIt
+from synthetic_runs import AUTOLINK_OR_SHORTCODE, HOSTILE_TEXTS
 
 from dashboard import charts
-from dashboard.tokens import CHANNELS, channel_range, token_heatmap_html, visible_text
+from dashboard.common import WORD_JOINER, flag, md, number, plain
+from dashboard.tokens import CHANNELS, channel_range, reasoning_steps_html, token_heatmap_html, visible_text
 from engine.cli import build_parser, dashboard_command
 
 HOSTILE = "<img src=x onerror=alert(1)>"
@@ -142,3 +146,63 @@ def test_weighting_and_sandbox_take_their_lists_and_numbers_from_the_engine():
     advantages, normalized = recompute.process_sandbox(rewards, lengths)
     assert normalized == normalized_step_rewards(rewards)
     np.testing.assert_array_equal(advantages, process_advantages(rewards, [[3, 7, 9], [2, 5, 8]], [10, 9]).numpy())
+
+
+# ---------------------------------------------------------------- logged text in markdown
+
+MARKDOWN = MarkdownIt("commonmark").enable(["table", "strikethrough"])  # GFM autolinks are checked by regex
+
+
+@pytest.mark.parametrize("text", [*HOSTILE_TEXTS, "plain", "a\\b", "\\$5", "tab\there"])
+def test_md_shows_logged_text_as_its_characters_and_nothing_else(text):
+    source = md(text)
+    rendered = MARKDOWN.render(source)
+    # One paragraph of text: no link, image, HTML, heading, table, emphasis or code span.
+    assert rendered.startswith("<p>") and rendered.endswith("</p>\n") and rendered.count("<p>") == 1, rendered
+    inner = rendered[len("<p>"):-len("</p>\n")]
+    assert "<" not in inner, inner  # the renderer escapes text, so any '<' left is an element
+    assert html.unescape(inner).replace(WORD_JOINER, "") == text
+    assert not AUTOLINK_OR_SHORTCODE.search(html.unescape(inner)), inner
+    assert not re.search(r"(?<!\\)\$", source)  # an unescaped $ starts a formula (KaTeX)
+
+
+@pytest.mark.parametrize("missing", [None, np.nan, pd.NA, pd.NaT])
+def test_values_left_out_of_the_log_read_as_a_dash(missing):
+    assert md(missing) == plain(missing) == number(missing) == "–"
+    assert flag(missing) is False
+
+
+def test_logged_values_are_formatted_as_given():
+    assert number(0.123456) == "0.123" and number(-1.5, "+.2f") == "-1.50" and number(7.0, ".0f") == "7"
+    assert flag(True) and flag(np.bool_(True)) and not flag(False)
+    assert plain("x < y") == "x < y"
+
+
+def test_tokens_logged_without_position_or_text_still_render():
+    tokens = pd.DataFrame({"position": pd.array([0, None], dtype="Int64"),
+                           "token_text": pd.array(["a", None], dtype="string"),
+                           "advantage": [0.5, np.nan], "clip": pd.array([None, 2], dtype="Int8")})
+    body = token_heatmap_html(tokens, "advantage")
+    assert body.count('class="pl-token"') == 2
+    assert 'data-position=""' in body and ">None<" not in body and "<NA>" not in body
+
+
+def test_reasoning_steps_of_an_outcome_supervised_run_show_raw_rewards_without_nan():
+    tokens = pd.DataFrame({"position": [0, 1, 2], "token_text": ["2x", " =", " 4"]})
+    steps = pd.DataFrame({"step_index": [1, 0], "first_pos": [2, 0], "last_pos": [2, 1], "reward_raw": [0.0, 1.0],
+                          "reward_norm": [np.nan, np.nan]})
+    body = reasoning_steps_html(tokens, steps)
+    assert "nan" not in body.lower()
+    assert body.index("step 0 · raw 1") < body.index("step 1 · raw 0")
+    assert body.count("not used by the advantages") == 2
+    figure = charts.group_step_rewards(steps.assign(completion="#0"))
+    assert {trace.xaxis for trace in figure.data} == {"x"}  # the raw panel only: no empty "normalized" panel
+    with_norm = reasoning_steps_html(tokens, steps.assign(reward_norm=[-0.7071, 0.7071]))
+    assert "step 0 · raw 1 · norm +0.707" in with_norm and "step 1 · raw 0 · norm -0.707" in with_norm
+    both = charts.group_step_rewards(steps.assign(completion="#0", reward_norm=[1.0, 2.0]))
+    assert {trace.xaxis for trace in both.data} == {"x", "x2"}
+
+
+def test_sandbox_labels_typed_by_the_user_reach_plotly_escaped():
+    figure = charts.sandbox_advantages(np.zeros((1, 2)), ['<a href="https://example.com">x</a>'], [2])
+    assert figure.data[0].name == "&lt;a href=&quot;https://example.com&quot;&gt;x&lt;/a&gt;"

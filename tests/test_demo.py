@@ -102,8 +102,8 @@ def test_demo_command_with_runs_present_only_serves_the_dashboard_and_stops_on_s
     import urllib.request
 
     import numpy as np
+    from synthetic_runs import synthetic_step
 
-    from dashboard.synthetic import synthetic_step
     from engine.runlog import RunWriter
 
     logs = tmp_path / "logs"

@@ -44,7 +44,7 @@ def _load_script(name: str):
 
 def write_hostile_run(logs_dir: Path, steps: int = 1) -> None:
     """A synthetic run whose prompt, completion, answer, tokens, config and model name carry markup."""
-    from dashboard.synthetic import synthetic_step
+    from synthetic_runs import synthetic_step
     from engine.runlog import RunWriter
 
     rng = np.random.default_rng(0)
@@ -200,7 +200,7 @@ def test_report_shows_the_numbers_of_an_engine_trained_run(tiny_run, tmp_path):
 
 
 def test_report_errors_are_one_clear_line_and_keep_an_existing_file(tmp_path, capsys):
-    from dashboard.synthetic import write_synthetic_run
+    from synthetic_runs import write_synthetic_run
 
     logs = tmp_path / "logs"
     write_synthetic_run(str(logs), "tiny", steps=2, groups=2, group_size=2, length=6, passes=1)
@@ -261,7 +261,7 @@ def test_token_inspector_button_downloads_the_same_report(tmp_path):
 def test_plot_curves_exports_the_dashboard_figure(tmp_path):
     from PIL import Image
 
-    from dashboard.synthetic import write_synthetic_run
+    from synthetic_runs import write_synthetic_run
     from engine.runlog import RunReader
 
     logs = tmp_path / "logs"

@@ -25,19 +25,22 @@ st.caption("The logged log-probs and advantages of one group (or the whole step)
 
 summary = common.load("the groups", queries.group_summary, logs, run, step)
 rollouts = common.load("the rollouts", queries.step_rollouts, logs, run, step, "train")
-if summary.empty:
-    st.info(f"Step {step} of {common.md(run)} has no train groups.")
+rollouts = rollouts[rollouts["rollout_id"].notna()]  # without an id a rollout's tokens cannot be found
+summary = summary[summary["group_id"].notna()]  # rollouts logged without a group_id still count for the whole step
+if rollouts.empty:
+    st.info(f"Step {step} of {common.md(run)} has no train rollouts with a rollout_id.")
     st.stop()
 
 # ---------------------------------------------------------------- what to weigh
 group_ids = [int(g) for g in summary["group_id"]]
 mixed = summary[summary["outcome"] == "mixed"]["group_id"]
-first_mixed = int(mixed.iloc[0]) if len(mixed) else group_ids[0]  # a group with signal is the useful default
 outcome_of = dict(zip(summary["group_id"], summary["outcome"], strict=True))
 c1, c2, c3 = st.columns([2, 3, 2])
-scope = c1.radio("Tokens of", ["one group", "the whole step"], horizontal=True, key="weigh_scope")
+scope = c1.radio("Tokens of", ["one group", "the whole step"], horizontal=True, key="weigh_scope",
+                 disabled=not group_ids, index=0 if group_ids else 1)
 group_id = None
-if scope == "one group":
+if scope == "one group" and group_ids:
+    first_mixed = int(mixed.iloc[0]) if len(mixed) else group_ids[0]  # a group with signal is the useful default
     group_id, _ = common.initial_value("weigh_group", "group", int, group_ids, first_mixed)
     st.session_state["weigh_group"] = group_id
     group_id = c2.selectbox("Group", group_ids, key="weigh_group",
@@ -71,11 +74,13 @@ knob_table = st.data_editor(
 
 @st.cache_data(ttl=queries.STEP_TTL, show_spinner="Asking each objective…", max_entries=32)
 def weigh_all(logs: str, run: str, step: int, rollout_ids: tuple, update: int, knobs: tuple):
-    """(rollout ids, advantages (B, T), algorithm -> Weighting, algorithm -> refusal message), or None without tokens.
+    """(rollout ids, advantages (B, T), tokens logged per completion (B,), algorithm -> Weighting, algorithm ->
+    refusal message), or None without tokens.
 
     Keyed by what identifies the tokens rather than by the tokens themselves: hashing a step's worth of token rows
     on every rerun would cost more than the objectives do."""
     tokens = queries.tokens_at_update(logs, run, step, rollout_ids, update)
+    tokens = tokens[tokens["position"].notna()]  # a token logged without its position has no place in (B, T)
     if tokens.empty:
         return None
     batch = recompute.batch_from_tokens(tokens)
@@ -85,7 +90,7 @@ def weigh_all(logs: str, run: str, step: int, rollout_ids: tuple, update: int, k
             results[algo] = recompute.weigh(batch, algo, dict(overrides))
         except ValueError as error:
             errors[algo] = str(error)
-    return batch.rollout_ids, batch.advantages.numpy(), results, errors
+    return batch.rollout_ids, batch.advantages.numpy(), batch.lengths, results, errors
 
 
 @st.cache_data(ttl=queries.STEP_TTL, show_spinner=False, max_entries=32)
@@ -105,15 +110,16 @@ weighed = common.load("the objectives", weigh_all, logs, run, step, rollout_ids,
 if weighed is None:
     st.info("No tokens logged for these rollouts.")
     st.stop()
-batch_ids, advantage, results, errors = weighed
+batch_ids, advantage, lengths, results, errors = weighed
 for algo, message in errors.items():
     st.error(f"{algo}: {common.md(message)}")
 if not results:
     st.stop()
 
 info = chosen.set_index("rollout_id").loc[batch_ids]
-labels = [f"r{rid} g{g}#{i} A={a:+.2f}" for rid, g, i, a in
-          zip(batch_ids, info["group_id"], info["index_in_group"], info["advantage"], strict=True)]
+logged_advantage = pd.to_numeric(info["advantage"], errors="coerce").to_numpy(dtype=float)  # NaN: not logged
+labels = [f"r{rid} g{common.plain(g)}#{common.plain(i)} A={common.number(a, '+.2f')}" for rid, g, i, a in
+          zip(batch_ids, info["group_id"], info["index_in_group"], logged_advantage, strict=True)]
 
 # ---------------------------------------------------------------- charts
 st.subheader("Gradient weight per token")
@@ -124,11 +130,10 @@ st.plotly_chart(charts.weight_heatmaps({a: w.grad_weight[shown_rows] for a, w in
                                        labels[shown_rows]), key="weight_heatmaps")
 
 left, right = st.columns(2)
-lengths = info["length"].to_numpy()
-totals = pd.DataFrame([
+totals = pd.DataFrame([  # length: the tokens the objective saw (the logged `length` column may be left out)
     {"algorithm": algo, "completion": label, "length": int(n), "advantage": float(a), "total_weight": float(t)}
     for algo, w in results.items()
-    for label, n, a, t in zip(labels, lengths, info["advantage"], w.total_weight, strict=True)
+    for label, n, a, t in zip(labels, lengths, logged_advantage, w.total_weight, strict=True)
 ])
 left.markdown("**Total weight of each completion against its length** (length bias)")
 left.plotly_chart(charts.total_weight_vs_length(totals), key="total_weight_vs_length")

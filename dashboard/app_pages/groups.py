@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pandas as pd
 import streamlit as st
 
 from dashboard import common, queries
@@ -35,19 +36,19 @@ shown = summary
 if outcomes:
     shown = shown[shown["outcome"].isin(outcomes)]
 if kept != "all groups":
-    shown = shown[shown["filtered"].fillna(False) == (kept == "filtered")]
+    shown = shown[shown["filtered"].map(common.flag) == (kept == "filtered")]
 if search:
-    hits = rollouts[rollouts["prompt"].str.contains(search, case=False, regex=False)
-                    | rollouts["completion"].str.contains(search, case=False, regex=False)]
+    hits = rollouts[rollouts["prompt"].str.contains(search, case=False, regex=False, na=False)
+                    | rollouts["completion"].str.contains(search, case=False, regex=False, na=False)]
     shown = shown[shown["group_id"].isin(hits["group_id"])]
 column, ascending = SORTS[sort_by]
 shown = shown.sort_values([column, "group_id"], ascending=[ascending, True])
 
-filtered_count = int(summary["filtered"].fillna(False).sum())
+filtered_count = int(summary["filtered"].map(common.flag).sum())
+reasons = summary["filter_reason"].value_counts().items()
 st.caption(
     f"{len(shown)} of {len(summary)} groups shown · {filtered_count} dropped by dynamic sampling at this step"
-    + (f" ({', '.join(f'{k}: {v}' for k, v in summary['filter_reason'].value_counts().items())})"
-       if filtered_count else "")
+    + (f" ({', '.join(f'{common.md(reason)}: {count}' for reason, count in reasons)})" if filtered_count else "")
 )
 st.dataframe(
     shown.drop(columns=["max_abs_advantage"]), hide_index=True, key="group_table",
@@ -66,22 +67,24 @@ pages = max(1, -(-len(shown) // GROUPS_PER_PAGE))
 page = st.number_input("Page", 1, pages, 1, key="group_page") if pages > 1 else 1
 for group in shown.iloc[(page - 1) * GROUPS_PER_PAGE: page * GROUPS_PER_PAGE].itertuples(index=False):
     members = rollouts[rollouts["group_id"] == group.group_id].sort_values("index_in_group")
-    mark = f" · **dropped** ({common.md(group.filter_reason)})" if group.filtered else ""
+    mark = f" · **dropped** ({common.md(group.filter_reason)})" if common.flag(group.filtered) else ""
     with st.container(border=True):
-        st.markdown(f"**Group {group.group_id}** · {group.outcome} · reward mean {group.reward_mean:.3f}, "
-                    f"std {group.reward_std:.3f}{mark}")
-        st.text(f"{group.prompt}   (answer: {group.answer})")
+        st.markdown(f"**Group {common.md(group.group_id)}** · {group.outcome} · reward mean "
+                    f"{common.number(group.reward_mean, '.3f')}, std {common.number(group.reward_std, '.3f')}{mark}")
+        st.text(f"{common.plain(group.prompt)}   (answer: {common.plain(group.answer)})")
         for start in range(0, len(members), COLUMNS_PER_ROW):
             columns = st.columns(COLUMNS_PER_ROW)
             for column, r in zip(columns, members.iloc[start: start + COLUMNS_PER_ROW].itertuples(index=False),
                                  strict=False):
-                flags = [f for f, on in (("✂ truncated", r.truncated), ("⊘ filtered", r.filtered)) if on]
-                column.markdown(f"**#{r.index_in_group}** · A **{r.advantage:+.3f}** · {r.length} tok"
-                                + (" · " + " ".join(flags) if flags else ""))
-                column.caption(f"reward {r.reward:.3g} = correct {r.reward_correct:.3g}"
-                               + ("" if r.reward_process != r.reward_process else f" + process {r.reward_process:.3g}")
-                               + f" + length {r.reward_length:.3g}")
+                flags = [f for f, on in (("✂ truncated", r.truncated), ("⊘ filtered", r.filtered)) if common.flag(on)]
+                column.markdown(f"**#{common.md(r.index_in_group)}** · A **{common.number(r.advantage, '+.3f')}** · "
+                                f"{common.number(r.length, '.0f')} tok" + (" · " + " ".join(flags) if flags else ""))
+                column.caption(f"reward {common.number(r.reward)} = correct {common.number(r.reward_correct)}"
+                               + (f" + process {common.number(r.reward_process)}" if pd.notna(r.reward_process)
+                                  else "")
+                               + f" + length {common.number(r.reward_length)}")
                 # st.code escapes its text and keeps whitespace and newlines as they are.
-                column.code(r.completion, language=None, wrap_lines=True)
-                column.page_link("app_pages/token_inspector.py", label="tokens", icon=":material/text_fields:",
-                                 query_params={"run": run, "step": step, "rollout": int(r.rollout_id)})
+                column.code(common.plain(r.completion), language=None, wrap_lines=True)
+                if pd.notna(r.rollout_id):  # without its id a completion's tokens cannot be found
+                    column.page_link("app_pages/token_inspector.py", label="tokens", icon=":material/text_fields:",
+                                     query_params={"run": run, "step": step, "rollout": int(r.rollout_id)})

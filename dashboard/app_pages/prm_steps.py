@@ -3,13 +3,15 @@ the whole group's step rewards, and a sandbox to edit step rewards and watch the
 
 from __future__ import annotations
 
+import json
+
 import pandas as pd
 import streamlit as st
 
 from dashboard import charts, common, queries, recompute
 from dashboard.tokens import reasoning_steps_html
 
-# A worked example: two solutions of 2x + 3 = 7 scored step by step by a PRM (the second goes wrong at step 2).
+# The worked PRM example: two solutions of 2x + 3 = 7 scored step by step, one right, one wrong from step 2 on.
 WORKED_EXAMPLE = pd.DataFrame(
     {
         "completion": ["2x = 7 - 3 → 2x = 4 → x = 2 (right)", "2x = 7 + 3 → 2x = 10 → x = 5 (wrong)"],
@@ -24,13 +26,36 @@ logs, run, step = selection.logs_dir, selection.run, selection.step
 st.header("PRM steps")
 
 
+def process_supervised_runs() -> list[str]:
+    """The runs of the logs folder whose config says they were trained with process supervision."""
+    table = common.load("the list of runs", queries.runs_table, logs)
+    found = []
+    for name, config in zip(table["run"], table["config"], strict=True):
+        try:
+            parsed = json.loads(config) if isinstance(config, str) else dict(config or {})
+        except (TypeError, ValueError):  # a run logged by other code may carry anything as its config
+            continue
+        if isinstance(parsed, dict) and parsed.get("supervision") == "process" and name != run:
+            found.append(name)
+    return found
+
+
+def offer_process_supervised_runs() -> None:
+    """Links to the runs whose advantages do come from step rewards, if the folder has any."""
+    for name in process_supervised_runs():
+        st.page_link("app_pages/prm_steps.py", label=f"Open {common.md(name)}, trained with process supervision",
+                     icon=":material/arrow_forward:", query_params={"run": name})
+
+
 def logged_view() -> None:
     """The logged process-supervised rollouts of this step."""
     if not common.load("the PRM steps", queries.run_has_prm, logs, run, selection.version):
-        st.info(f"{common.md(run)} was not trained with process supervision (no PRM steps logged). The sandbox "
-                "below works for any run.")
+        st.info(f"{common.md(run)} logged no reasoning steps (no step verifier scored its completions). The "
+                "sandbox below works for any run.")
+        offer_process_supervised_runs()
         return
     rollouts = common.load("the rollouts", queries.step_rollouts, logs, run, step, "train")
+    rollouts = rollouts[rollouts["rollout_id"].notna()]  # without an id a rollout's steps cannot be found
     if rollouts.empty:
         st.info(f"Step {step} has no train rollouts.")
         return
@@ -42,25 +67,34 @@ def logged_view() -> None:
     st.session_state["prm_rollout"] = rollout_id
     rollout_id = st.selectbox(
         "Rollout", ids, key="prm_rollout",
-        format_func=lambda r: f"{r}: group {by_id.loc[r].group_id} #{by_id.loc[r].index_in_group} · reward "
-        f"{by_id.loc[r].reward:.3g}",
+        format_func=lambda r: f"{r}: group {common.plain(by_id.loc[r].group_id)} "
+        f"#{common.plain(by_id.loc[r].index_in_group)} · reward {common.number(by_id.loc[r].reward)}",
     )
     common.set_url_value("rollout", rollout_id)
     rollout = by_id.loc[rollout_id]
-    group = rollouts[rollouts["group_id"] == rollout.group_id]
+    # A rollout logged without a group_id is a group of its own.
+    key, value = ("group_id", rollout.group_id) if pd.notna(rollout.group_id) else ("rollout_id", rollout_id)
+    group = rollouts[(rollouts[key] == value).fillna(False).astype(bool)]
     group_ids = tuple(int(r) for r in group["rollout_id"])
     steps = common.load("the PRM steps", queries.prm_steps, logs, run, step, group_ids)
     tokens = common.load("the tokens", queries.rollout_tokens, logs, run, step, (rollout_id,), None)
     own = steps[steps["rollout_id"] == rollout_id]
-    st.text(rollout.prompt)
+    uses_step_rewards = bool(steps["reward_norm"].notna().any())
+    if not steps.empty and not uses_step_rewards:
+        st.info(f"{common.md(run)} was trained with outcome supervision: its advantages do not use these step "
+                "rewards (every token of a completion gets the completion's advantage). Shown below: the step "
+                "verifier's raw reward for each reasoning step, as logged.")
+        offer_process_supervised_runs()
+    st.text(common.plain(rollout.prompt))
     if own.empty:
         st.caption("No reasoning steps were logged for this completion.")
     else:
         st.html(reasoning_steps_html(tokens, own))
-        st.plotly_chart(charts.prm_advantage_line(tokens, own), key="prm_advantage_line")
-    st.markdown(f"**All {len(group)} completions of group {rollout.group_id}: step rewards**")
+        if uses_step_rewards:  # with outcome supervision the advantage is one flat line: nothing to show per step
+            st.plotly_chart(charts.prm_advantage_line(tokens, own), key="prm_advantage_line")
+    st.markdown(f"**All {len(group)} completions of group {common.md(rollout.group_id)}: step rewards**")
     index_of = dict(zip(group["rollout_id"], group["index_in_group"], strict=True))
-    labelled = steps.assign(completion=steps["rollout_id"].map(lambda r: f"#{index_of[r]}"))
+    labelled = steps.assign(completion=steps["rollout_id"].map(lambda r: f"#{common.plain(index_of[r])}"))
     st.plotly_chart(charts.group_step_rewards(labelled), key="group_step_rewards")
     st.dataframe(labelled[["completion", "step_index", "text", "reward_raw", "reward_norm"]], hide_index=True,
                  key="prm_table")
@@ -69,8 +103,9 @@ def logged_view() -> None:
 def sandbox() -> None:
     """Edit a group's step rewards; advantages come from engine.advantages.process_advantages."""
     st.subheader("Sandbox: step rewards → normalized rewards → per-token advantages")
-    st.caption("Prefilled with two worked solutions of 2x + 3 = 7. Add rows for more completions; leave a "
-               "step's reward empty for shorter solutions.")
+    st.caption("Prefilled with the worked PRM example: two solutions of 2x + 3 = 7 scored step by step, one right "
+               "and one wrong from its second step on. Add rows for more completions; leave a step's reward empty "
+               "for shorter solutions.")
     table = st.data_editor(WORKED_EXAMPLE, num_rows="dynamic", hide_index=True, key="prm_sandbox")
     step_rewards, step_lengths, labels = [], [], []
     for i, row in table.reset_index(drop=True).iterrows():

@@ -51,8 +51,9 @@ def replay_panel() -> None:
         index = st.number_input("Group of this step (by position)", 0, len(group_ids) - 1,
                                 min(wanted, len(group_ids) - 1), key="replay_group_index")
         group = groups.iloc[index]
-        st.caption(f"group {group.group_id}: {common.md(group.prompt)}  ·  reward mean {group.reward_mean:.3f}, "
-                   f"std {group.reward_std:.3f} · {group.outcome}")
+        st.caption(f"group {common.md(group.group_id)}: {common.md(group.prompt)}  ·  reward mean "
+                   f"{common.number(group.reward_mean, '.3f')}, std {common.number(group.reward_std, '.3f')} · "
+                   f"{group.outcome}")
         members = train[train["group_id"] == group.group_id]
         st.dataframe(
             members[["index_in_group", "completion", "reward", "advantage", "length", "truncated", "filtered"]],
@@ -65,6 +66,7 @@ def follow_eval_prompt(step: int) -> None:
     """An eval prompt's answers across the run's steps, and every run's answer to it at this step."""
     st.subheader("Follow an eval prompt")
     prompts = common.load("the eval prompts", queries.eval_prompts, logs, run, selection.version)
+    prompts = prompts[prompts["prompt_id"].notna()]  # an eval answer logged without its prompt_id cannot be followed
     if prompts.empty:
         st.caption("This run logged no eval rollouts.")
         return
@@ -72,7 +74,8 @@ def follow_eval_prompt(step: int) -> None:
     text = dict(zip(ids, prompts["prompt"], strict=True))
     prompt_id, _ = common.initial_value("eval_prompt", "prompt", int, ids, ids[0])
     st.session_state["eval_prompt"] = prompt_id
-    prompt_id = st.selectbox("Eval prompt", ids, key="eval_prompt", format_func=lambda i: f"{i}: {text[i]}")
+    prompt_id = st.selectbox("Eval prompt", ids, key="eval_prompt",
+                             format_func=lambda i: f"{i}: {common.plain(text[i])}")
     common.set_url_value("prompt", prompt_id)
     across_steps, across_runs = st.columns(2)
     history = common.load("the eval history", queries.eval_prompt_history, logs, run, prompt_id, selection.version)

@@ -12,15 +12,22 @@ st.header("Runs")
 
 table = common.load("the list of runs", queries.runs_table, logs)
 STATUS_ICON = {"running": "● running", "finished": "finished", "stopped": "■ stopped", "crashed": "✖ crashed"}
+# What tells runs apart comes first, the run name stays pinned while scrolling sideways, and free-form text (a model
+# description can be a paragraph) comes last at a bounded width, so it never pushes the accuracy out of sight.
+RUNS_COLUMNS = ["run", "status", "algorithm", "task", "heldout_accuracy", "last_step", "steps_logged", "updated_at",
+                "created_at", "model"]
 st.dataframe(
     table.assign(status=table["status"].map(lambda s: STATUS_ICON.get(s, s))).drop(columns=["config"]),
     hide_index=True,
     key="runs_table",
+    column_order=[c for c in RUNS_COLUMNS if c in table.columns],
     column_config={
-        "run": "run", "last_step": "last step", "steps_logged": "steps logged",
-        "heldout_accuracy": st.column_config.NumberColumn("held-out accuracy", format="%.3f"),
+        "run": st.column_config.TextColumn("run", pinned=True),
+        "last_step": "last step", "steps_logged": "steps logged",
+        "heldout_accuracy": st.column_config.NumberColumn("held-out accuracy", format="%.3f", width="small"),
         "created_at": st.column_config.DatetimeColumn("created"),
         "updated_at": st.column_config.DatetimeColumn("updated"),
+        "model": st.column_config.TextColumn("model", width="medium", help="as logged; hover a cell for all of it"),
     },
 )
 

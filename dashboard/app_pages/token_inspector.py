@@ -19,14 +19,21 @@ if rollouts.empty:
     st.info(f"Step {step} of {common.md(run)} has no rollouts.")
     st.stop()
 
-by_id = rollouts.set_index("rollout_id", drop=False)
-rollout_ids = [int(r) for r in rollouts["rollout_id"]]
+identified = rollouts[rollouts["rollout_id"].notna()]
+if identified.empty:  # the logger left rollout_id out: its tokens cannot be tied to a completion
+    st.info(f"Step {step} of {common.md(run)} logged its rollouts without a rollout_id, so their tokens cannot be "
+            "shown.")
+    st.stop()
+by_id = identified.set_index("rollout_id", drop=False)
+rollout_ids = [int(r) for r in identified["rollout_id"]]
 
 
 def describe(rollout_id: int) -> str:
     r = by_id.loc[rollout_id]
-    group = f"group {r.group_id} #{r.index_in_group}" if r.kind == "train" else f"eval prompt {r.prompt_id}"
-    return f"{rollout_id}: {group} · reward {r.reward:.3g} · A {r.advantage:+.3g} · {r.length} tok"
+    group = (f"eval prompt {common.plain(r.prompt_id)}" if common.plain(r.kind) == "eval"
+             else f"group {common.plain(r.group_id)} #{common.plain(r.index_in_group)}")
+    return (f"{rollout_id}: {group} · reward {common.number(r.reward)} · A {common.number(r.advantage, '+.3g')} · "
+            f"{common.number(r.length, '.0f')} tok")
 
 
 left, middle, right = st.columns([3, 2, 2])
@@ -64,25 +71,24 @@ rollout = by_id.loc[rollout_id]
 tokens = common.load("the tokens", queries.rollout_tokens, logs, run, step, (rollout_id,), pass_)
 
 st.markdown("**Prompt**")
-st.text(rollout.prompt)
+st.text(common.plain(rollout.prompt))
 metrics = st.columns(7)
-metrics[0].metric("reward", f"{rollout.reward:.3g}")
-metrics[1].metric("correct", f"{rollout.reward_correct:.3g}")
-process = rollout.reward_process
-metrics[2].metric("process", "–" if process != process else f"{process:.3g}")  # NaN: no process reward
-metrics[3].metric("length reward", f"{rollout.reward_length:.3g}")
-metrics[4].metric("advantage", f"{rollout.advantage:+.3g}")
-metrics[5].metric("length", int(rollout.length))
-flags = [name for name, on in (("truncated", rollout.truncated), ("filtered", rollout.filtered)) if on]
+metrics[0].metric("reward", common.number(rollout.reward))
+metrics[1].metric("correct", common.number(rollout.reward_correct))
+metrics[2].metric("process", common.number(rollout.reward_process))  # "–": no process reward
+metrics[3].metric("length reward", common.number(rollout.reward_length))
+metrics[4].metric("advantage", common.number(rollout.advantage, "+.3g"))
+metrics[5].metric("length", common.number(rollout.length, ".0f"))
+flags = [name for name, on in (("truncated", rollout.truncated), ("filtered", rollout.filtered)) if common.flag(on)]
 metrics[6].metric("flags", ", ".join(flags) or "–")
-if rollout.filtered:
+if common.flag(rollout.filtered):
     st.caption(f"Filtered from the update: {common.md(rollout.filter_reason)}")
 st.caption(f"Reference answer: {common.md(rollout.answer)}")
 
 if tokens.empty:
     st.info("No tokens logged for this rollout.")
     st.stop()
-if rollout.kind == "eval":
+if common.plain(rollout.kind) == "eval":
     st.caption("Eval rollouts are not trained on: only sampling-time channels (log-probs, entropy) exist.")
 elif CHANNELS[channel].column in tokens.columns and tokens[CHANNELS[channel].column].isna().all():
     st.caption(f"{CHANNELS[channel].label} was not logged for this rollout.")

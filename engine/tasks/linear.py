@@ -1,4 +1,4 @@
-"""Task `linear`: solve `a x + b = c` for an integer x, one step per line (like the worked example `2x + 3 = 7`).
+"""Task `linear`: solve `a x + b = c` for an integer x, one step per line (like `2x + 3 = 7`).
 
     from engine.tasks import get_task
     task = get_task("linear", seed=0)

@@ -1,4 +1,5 @@
-"""Synthetic runs for the dashboard's benchmark and browser test, written through the real `RunWriter`.
+"""Synthetic runs for the dashboard's tests and benchmark (test data, not part of the app), written through the
+real `RunWriter`.
 
 The numbers are made up but shaped like the engine's (groups of G completions of an equation task, log-probs,
 ratios that drift from 1 across passes, clip codes that follow the GRPO rule, PRM steps), so queries and charts
@@ -8,6 +9,7 @@ do the same work as on a trained run. The dashboard's functional tests use runs 
 from __future__ import annotations
 
 import json
+import re
 
 import numpy as np
 import pandas as pd
@@ -15,6 +17,25 @@ import pandas as pd
 from engine.objectives import CLIP_CAP, CLIP_HIGH, CLIP_LOW, CLIP_NONE
 
 HOSTILE_TOKEN = "<img src=x onerror=alert(1)>"
+# Logged strings that would become something other than text if they reached markdown or HTML as they are: an
+# image the browser fetches, a javascript: link, a formula, markup, bare links (GFM turns them into <a>), Streamlit's
+# :shortcodes:, a heading, a table.
+HOSTILE_TEXTS = [
+    "![x](http://127.0.0.1:9/x.png)",
+    "[a](javascript:alert(1))",
+    "$x^2$ and $$y$$",
+    "<script>alert(1)</script>",
+    HOSTILE_TOKEN,
+    "see http://example.com, www.example.com or a@example.com",
+    ":red[red] :material/visibility: :smile:",
+    "heading\n===",
+    "&lt;b&gt; | a | b |\n|---|---|",
+    "*em* **strong** `code` # h > q ~~s~~",
+]
+# What GitHub-flavoured markdown turns into a link without any markup (its "autolink literal" extension, which
+# Streamlit uses), and Streamlit's `:emoji:` / `:material/icon:` codes: both are found in the text after escapes are
+# resolved, so text shown through markdown must hold none of them.
+AUTOLINK_OR_SHORTCODE = re.compile(r"https?://|www\.|[\w.+-]@[\w-]|:[\w+/-]+:", flags=re.I)
 # Pieces of an equation solution; spaces and newlines are part of the tokens on purpose.
 VOCAB = ["2", "x", " +", " 3", " =", " 7", "\n", " -", " 4", "x =", " 2", "Step", " 1", ":", " so", " subtract",
          " divide", " by", "<eos>"]
@@ -102,6 +123,30 @@ def synthetic_step(step: int, groups: int, group_size: int, length: int, passes:
             "prm_steps": prm}
 
 
+def write_hostile_run(logs_dir: str, name: str) -> None:
+    """A two-step run whose every logged string (prompt, completion, answer, filter reason, reasoning-step text,
+    token text, task, model, config values, extra metrics) holds markup from HOSTILE_TEXTS; group 0 is filtered."""
+    from engine.runlog import RunWriter
+
+    rng = np.random.default_rng(0)
+    hostile = " ".join(HOSTILE_TEXTS)
+    with RunWriter.create(logs_dir, name, algorithm="grpo", task=HOSTILE_TEXTS[0], model=hostile,
+                          config={"note": HOSTILE_TEXTS[1], "supervision": "outcome"}) as writer:
+        for step in range(2):
+            data = synthetic_step(step, 2, 2, 10, 1, rng, hostile=True)
+            rollouts = data["rollouts"]
+            n = len(rollouts)
+            rollouts["prompt"] = [f"Solve {hostile} #{i % 2}" for i in range(n)]
+            rollouts["completion"] = [HOSTILE_TEXTS[i % len(HOSTILE_TEXTS)] for i in range(n)]
+            rollouts["answer"] = hostile
+            in_group_0 = (rollouts["group_id"] == 0) & (rollouts["kind"] == "train")
+            rollouts["filtered"] = in_group_0
+            rollouts["filter_reason"] = np.where(in_group_0, hostile, None)
+            data["prm_steps"]["text"] = hostile
+            data["metrics"]["note"] = hostile  # a metric outside the contract: the JSON `extra` column
+            writer.log_step(step, **data)
+
+
 def write_synthetic_run(logs_dir: str, name: str, steps: int = 3, groups: int = 4, group_size: int = 4,
                         length: int = 24, passes: int = 2, hostile: bool = False, seed: int = 0,
                         algorithm: str = "grpo", status: str = "finished") -> None:
@@ -120,7 +165,7 @@ def write_synthetic_run(logs_dir: str, name: str, steps: int = 3, groups: int = 
         writer.set_status(status)
 
 
-if __name__ == "__main__":  # handy for trying the dashboard: python -m dashboard.synthetic LOGS_DIR NAME
+if __name__ == "__main__":  # handy for trying the dashboard: python tests/synthetic_runs.py LOGS_DIR NAME [STEPS]
     import sys
 
     write_synthetic_run(sys.argv[1], sys.argv[2], steps=int(sys.argv[3]) if len(sys.argv) > 3 else 5)
