@@ -45,6 +45,7 @@ def _load_script(name: str):
 def write_hostile_run(logs_dir: Path, steps: int = 1) -> None:
     """A synthetic run whose prompt, completion, answer, tokens, config and model name carry markup."""
     from synthetic_runs import synthetic_step
+
     from engine.runlog import RunWriter
 
     rng = np.random.default_rng(0)
@@ -260,8 +261,8 @@ def test_token_inspector_button_downloads_the_same_report(tmp_path):
 @needs_chromium
 def test_plot_curves_exports_the_dashboard_figure(tmp_path):
     from PIL import Image
-
     from synthetic_runs import write_synthetic_run
+
     from engine.runlog import RunReader
 
     logs = tmp_path / "logs"
