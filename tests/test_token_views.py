@@ -123,3 +123,121 @@ def test_training_logs_the_reference_scores_of_every_evaluation(tiny_run, warm_c
     last = ref[ref.step == 3].sort_values(["prompt_id", "position"])
     np.testing.assert_allclose(last.logp.to_numpy(), final.sort_values(["prompt_id", "position"]).logp, atol=1e-5)
     assert np.abs(last.logp.to_numpy() - first.logp.to_numpy()).max() > 1e-4  # training moved them
+
+
+# ---------------------------------------------------------------- dashboard queries against the raw rows
+
+
+def train_token_rows(logs_dir, run: str, first: int, last: int) -> pd.DataFrame:
+    """Train tokens of steps first..last joined with every optimisation pass that used them, in pandas."""
+    tokens, rollouts, passes = (logged(logs_dir, t) for t in ("tokens", "rollouts", "token_passes"))
+    train = rollouts[(rollouts.run == run) & (rollouts.kind == "train") & rollouts.step.between(first, last)]
+    tokens = tokens[tokens.run == run].merge(train[["step", "rollout_id"]], on=["step", "rollout_id"])
+    return tokens, passes[passes.run == run]
+
+
+def test_trajectory_queries_equal_the_logged_rows(tiny_run):
+    from dashboard import queries
+
+    logs_dir, run = tiny_run
+    logs = str(logs_dir)
+    ref = logged(logs_dir, "ref_tokens")
+    prompt_id = int(ref.prompt_id.iloc[0])
+    got = queries.ref_trajectories(logs, (run,), prompt_id, ("t",))
+    want = ref[ref.prompt_id == prompt_id].sort_values(["step", "position"])
+    assert got.step.tolist() == want.step.tolist() and got.token_text.tolist() == want.token_text.tolist()
+    np.testing.assert_allclose(got.p, np.exp(want.logp), rtol=1e-12)
+
+    curves = queries.ref_class_curves(logs, (run,), ("t",))
+    per_solution = ref.groupby(["step", "prompt_id"]).agg(logp=("logp", "sum"), n=("logp", "size"),
+                                                           cls=("answer_class", "first")).reset_index()
+    for row in curves.itertuples(index=False):
+        mine = per_solution[(per_solution.step == row.step) & (per_solution.cls == row.answer_class)]
+        assert row.prompts == len(mine)
+        assert row.solution_logp == pytest.approx(mine.logp.mean(), rel=1e-9)
+        assert row.token_logp == pytest.approx(mine.logp.sum() / mine.n.sum(), rel=1e-9)
+    assert len(curves) == len(per_solution.groupby(["step", "cls"]))
+
+    # the most changed tokens: |p(last eval) - p(first eval)| ranked, by hand
+    marked = queries.most_changed_tokens(got.assign(run=run), upto_step=int(ref.step.max()), k=2)
+    first = want[want.step == want.step.min()].set_index("position").logp
+    latest = want[want.step == want.step.max()].set_index("position").logp
+    change = np.exp(latest) - np.exp(first)
+    expected = change.abs().sort_values(ascending=False, kind="stable").index[:2].tolist()
+    assert marked.position.tolist() == expected
+    np.testing.assert_allclose(marked.change, change.loc[expected], rtol=1e-9)
+    # scrubbing back to the first evaluation: nothing has changed yet
+    assert (queries.most_changed_tokens(got.assign(run=run), upto_step=0, k=2).change == 0).all()
+
+
+@pytest.mark.parametrize("bucket", [0, 4])
+def test_token_statistics_equal_pandas_over_the_logged_rows(tiny_run, bucket):
+    from dashboard import queries
+
+    logs_dir, run = tiny_run
+    first, last = 1, 3
+    tokens, passes = train_token_rows(logs_dir, run, first, last)
+    per_token = passes.assign(
+        low=passes["clip"] == 1, high=passes["clip"] == 2, dual=passes["clip"] == 3,
+        w=passes.grad_weight.abs(), dev=(passes.ratio - 1).abs(),
+    ).groupby(["step", "rollout_id", "position"]).agg(
+        n=("low", "size"), low=("low", "sum"), high=("high", "sum"), dual=("dual", "sum"), w=("w", "sum"),
+        dev=("dev", "sum")).reset_index()
+    rows = tokens.merge(per_token, on=["step", "rollout_id", "position"], how="left")
+    rows["bucket"] = rows.position // bucket * bucket if bucket else -1
+    want = rows.groupby(["token_text", "bucket"]).agg(
+        count=("position", "size"), adv=("advantage", "mean"), ent=("entropy", "mean"), n=("n", "sum"),
+        low=("low", "sum"), high=("high", "sum"), dual=("dual", "sum"), w=("w", "sum"), dev=("dev", "sum"))
+    got = queries.token_stats(str(logs_dir), run, first, last, bucket, ("t",))
+    assert len(got) == len(want) and got["count"].sum() == len(tokens)
+    assert rows.low.sum() + rows.high.sum() > 0, "no clip event in the run: the clip columns test nothing"
+    for row in got.itertuples(index=False):
+        w = want.loc[(row.token_text, int(row.position_from) if bucket else -1)]
+        assert row.count == w["count"]
+        assert row.advantage_mean == pytest.approx(w.adv, abs=1e-9)
+        assert row.entropy_mean == pytest.approx(w.ent, abs=1e-9)
+        assert row.clip_low_rate == pytest.approx(w.low / w.n)
+        assert row.clip_high_rate == pytest.approx(w.high / w.n)
+        assert row.clip_dual_rate == pytest.approx(w.dual / w.n)
+        assert row.abs_grad_weight_mean == pytest.approx(w.w / w.n, rel=1e-9, abs=1e-12)
+        assert row.ratio_deviation_mean == pytest.approx(w.dev / w.n, rel=1e-9, abs=1e-12)
+
+    # the rollouts holding the most frequent token (in the first position bucket when split)
+    token = got.iloc[0]
+    holders = queries.rollouts_with_token(str(logs_dir), run, first, last, token.token_text, bucket,
+                                          int(token.position_from) if bucket else None)
+    hits = rows[(rows.token_text == token.token_text) & (rows.bucket == (token.position_from if bucket else -1))]
+    expected = hits.groupby(["step", "rollout_id"]).position.apply(list)
+    assert list(zip(holders.step, holders.rollout_id, strict=True)) == expected.index.tolist()
+    assert [list(p) for p in holders.positions] == expected.tolist()
+    assert holders.occurrences.sum() == token["count"]
+
+
+def test_entropy_bins_follow_aspo_percentile_split(tiny_run):
+    from dashboard import queries
+
+    logs_dir, run = tiny_run
+    tokens, passes = train_token_rows(logs_dir, run, 0, 3)
+    bins = 10
+    # Bins from the rank of each token's entropy in its response, computed with numpy.
+    assigned = []
+    for (_step, _rid), frame in tokens.groupby(["step", "rollout_id"]):
+        ent = frame.entropy.to_numpy()
+        rank = np.array([(ent < e).sum() for e in ent])  # ties share the lowest rank
+        n = len(ent)
+        k = np.zeros(n, dtype=int) if n == 1 else np.maximum(0, np.ceil(bins * rank / (n - 1)).astype(int) - 1)
+        # ASPO's own rule (torch.nanquantile, linear): tokens strictly above the 80th percentile
+        high = ent > np.quantile(ent, 0.8)
+        if len(np.unique(ent)) == n:
+            np.testing.assert_array_equal(k >= 8, high)
+        assigned.append(frame.assign(bin=k))
+    rows = pd.concat(assigned).merge(passes, on=["run", "step", "rollout_id", "position"])
+    total = rows.grad_weight.abs().sum()
+    got = queries.entropy_bins(str(logs_dir), (run,), 0, 3, bins, ("t",)).set_index("bin")
+    for b, frame in rows.groupby("bin"):
+        assert got.loc[b, "pass_rows"] == len(frame)
+        assert got.loc[b, "clip_rate"] == pytest.approx((frame["clip"] > 0).mean())
+        assert got.loc[b, "clip_high_rate"] == pytest.approx((frame["clip"] == 2).mean())
+        assert got.loc[b, "weight_share"] == pytest.approx(frame.grad_weight.abs().sum() / total)
+    assert sorted(got.index) == sorted(rows.bin.unique())
+    assert got.weight_share.sum() == pytest.approx(1.0)
