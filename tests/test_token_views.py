@@ -241,3 +241,86 @@ def test_entropy_bins_follow_aspo_percentile_split(tiny_run):
         assert got.loc[b, "weight_share"] == pytest.approx(frame.grad_weight.abs().sum() / total)
     assert sorted(got.index) == sorted(rows.bin.unique())
     assert got.weight_share.sum() == pytest.approx(1.0)
+
+
+# ---------------------------------------------------------------- the views, under AppTest on an engine-trained run
+
+
+def grid(field) -> np.ndarray:
+    """A plotly 2-D array: nested lists, or a typed array with its shape."""
+    from test_dashboard import array
+
+    values = array(field)
+    if isinstance(field, dict) and "shape" in field:
+        values = values.reshape([int(s) for s in str(field["shape"]).split(",")])
+    return values
+
+
+def test_trajectories_page_draws_the_logged_probabilities(tiny_run, monkeypatch):
+    from test_dashboard import open_page, plotly_spec
+
+    from dashboard.tokens import visible_text
+
+    logs_dir, run = tiny_run
+    ref = logged(logs_dir, "ref_tokens")
+    at = open_page(logs_dir, "token_trajectories", monkeypatch, run=run)
+    prompt_id = at.selectbox(key="traj_prompt").value
+    negative = sorted(ref.loc[ref.answer_class == "negative", "prompt_id"].unique())
+    assert prompt_id == (negative[0] if negative else ref.prompt_id.min())  # the sign-slip story first
+
+    def check(prompt_id: int, at_step: int) -> dict:
+        spec = plotly_spec(at, "traj_heatmap")
+        heat = spec["data"][0]
+        want = ref[ref.prompt_id == prompt_id].pivot(index="step", columns="position", values="logp").sort_index()
+        np.testing.assert_allclose(grid(heat["z"]), np.exp(want.to_numpy()), rtol=1e-9)
+        assert heat["y"] == [str(s) for s in want.index]
+        texts = ref[ref.prompt_id == prompt_id].drop_duplicates("position").sort_values("position").token_text
+        # token text reaches plotly escaped: "<eos>" is drawn as the characters, never parsed as a tag
+        assert spec["layout"]["xaxis"]["ticktext"] == [visible_text(t).replace("<br>", "") for t in texts]
+        assert spec["layout"]["xaxis"]["ticktext"][-1] == "&lt;eos&gt;"
+        row = next(s for s in spec["layout"]["shapes"] if s["line"]["color"] == "#ff7f0e")
+        assert want.index[int(row["y0"] + 0.5)] == max(s for s in want.index if s <= at_step)
+        return spec
+
+    steps = sorted(ref.step.unique())
+    check(prompt_id, steps[-1])
+    other = int(next(p for p in sorted(ref.prompt_id.unique()) if p != prompt_id))
+    at.selectbox(key="traj_prompt").set_value(other).run()
+    assert not at.exception, [e.message for e in at.exception]
+    at.select_slider(key="traj_step").set_value(steps[0]).run()
+    assert not at.exception, [e.message for e in at.exception]
+    check(other, steps[0])
+
+    curves = plotly_spec(at, "traj_class_curves")["data"]
+    per_solution = ref.groupby(["answer_class", "step", "prompt_id"]).logp.sum().groupby(["answer_class", "step"])
+    for trace in curves:
+        answer_class = trace["name"].split(" · ")[1]
+        np.testing.assert_allclose(grid(trace["y"]), per_solution.mean().loc[answer_class].to_numpy(), rtol=1e-9)
+    assert {t["name"] for t in curves} == {f"{run} · {c}" for c in ref.answer_class.unique()}
+
+
+def test_token_statistics_page_lists_tokens_and_their_rollouts(tiny_run, monkeypatch):
+    from test_dashboard import dataframe, open_page, plotly_spec
+
+    logs_dir, run = tiny_run
+    tokens, _passes = train_token_rows(logs_dir, run, 0, 10**9)
+    at = open_page(logs_dir, "token_stats", monkeypatch, run=run)
+    table = dataframe(at, "token_text", "clip_low_rate")
+    counts = tokens.token_text.value_counts()
+    assert dict(zip(table.token_text, table["count"], strict=True)) == counts.to_dict()
+
+    # click the first row: its rollouts are listed, each holding the token
+    at.session_state["stats_table"] = {"selection": {"rows": [0], "columns": [], "cells": []}}
+    at.run()
+    assert not at.exception, [e.message for e in at.exception]
+    token = table.token_text.iloc[0]
+    holders = dataframe(at, "occurrences", "completion")
+    expected = tokens[tokens.token_text == token].groupby(["step", "rollout_id"]).size()
+    assert list(zip(holders.step, holders.rollout_id, strict=True)) == expected.index.tolist()
+    assert holders.occurrences.tolist() == expected.tolist()
+    assert all(link.startswith("tokens?run=") for link in holders.inspect)
+
+    spec = plotly_spec(at, "stats_entropy")
+    assert [s["x0"] for s in spec["layout"]["shapes"]] == [0.8, 0.8]
+    shares = grid(spec["data"][1]["y"])
+    assert shares.sum() == pytest.approx(1.0)
