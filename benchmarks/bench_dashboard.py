@@ -21,7 +21,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-PAGES = ["runs", "replay", "groups", "token_inspector", "prm_steps", "algorithm_weighting"]
+PAGES = ["runs", "replay", "groups", "token_inspector", "prm_steps", "algorithm_weighting", "token_stats",
+         "token_trajectories"]
 RUN = "bench-1m"
 
 
@@ -113,6 +114,13 @@ def time_functions(logs_dir: Path) -> list[tuple[str, float]]:
     group_tokens = timed("rollout_tokens (1 group)", queries.rollout_tokens, logs, RUN, last, group, 1)
     timed("prm_steps (1 group)", queries.prm_steps, logs, RUN, last, group)
     timed("eval_prompt_history", queries.eval_prompt_history, logs, RUN, 0, version)
+    first = int(reader.sql("SELECT min(step) AS s FROM steps WHERE run = ?", [RUN])["s"][0])
+    stats = timed("token_stats (whole run)", queries.token_stats, logs, RUN, first, last, 0, version)
+    timed("token_stats (whole run, by 8 positions)", queries.token_stats, logs, RUN, first, last, 8, version)
+    timed("rollouts_with_token (whole run)", queries.rollouts_with_token, logs, RUN, first, last,
+          str(stats["token_text"].iloc[0]), 0, None)
+    bins = timed("entropy_bins (whole run)", queries.entropy_bins, logs, (RUN,), first, last, 10, version)
+    timed("entropy_bin_bars figure", charts.entropy_bin_bars, bins, 10, queries.ASPO_ENTROPY_QUANTILE)
 
     from dashboard import recompute
 

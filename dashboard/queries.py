@@ -351,8 +351,12 @@ def most_changed_tokens(trajectories: pd.DataFrame, upto_step: int, k: int = 3) 
 
 # ---------------------------------------------------------------- token statistics over a step range
 
-_TRAIN_TOKENS = """
-    SELECT t.run, t.step, t.rollout_id, t.position, t.token_text, t.advantage, t.entropy
+_TOKEN_KEY = "(step::HUGEINT * 18446744073709551616 + rollout_id::HUGEINT * 4294967296 + position)"
+"""(step, rollout_id, position) as one number (rollout ids and positions are below 2^32): joining and grouping a
+million tokens on one key takes half the time of three."""
+
+_TRAIN_TOKENS = f"""
+    SELECT t.run, t.step, t.rollout_id, t.position, {_TOKEN_KEY} AS token_key, t.token_text, t.advantage, t.entropy
     FROM tokens t SEMI JOIN (
         SELECT run, step, rollout_id FROM rollouts
         WHERE list_contains($runs, run) AND step BETWEEN $first AND $last AND kind = 'train'
@@ -360,12 +364,13 @@ _TRAIN_TOKENS = """
     WHERE list_contains($runs, t.run) AND t.step BETWEEN $first AND $last"""
 """The train tokens of some runs in a step range (eval completions are logged in `tokens` too, but never trained on)."""
 
-_PASSES_PER_TOKEN = """
-    SELECT run, step, rollout_id, position, count(*) AS passes, count(*) FILTER (WHERE clip = 1) AS low,
-           count(*) FILTER (WHERE clip = 2) AS high, count(*) FILTER (WHERE clip = 3) AS dual,
-           sum(abs(grad_weight)) AS abs_weight, sum(abs(ratio - 1)) AS ratio_dev
+_PASSES_PER_TOKEN = f"""
+    SELECT run, {_TOKEN_KEY} AS token_key, count(*) AS passes, count(*) FILTER (WHERE clip > 0) AS clipped,
+           count(*) FILTER (WHERE clip = 1) AS low, count(*) FILTER (WHERE clip = 2) AS high,
+           count(*) FILTER (WHERE clip = 3) AS dual, sum(abs(grad_weight)) AS abs_weight,
+           sum(abs(ratio - 1)) AS ratio_dev
     FROM token_passes WHERE list_contains($runs, run) AND step BETWEEN $first AND $last
-    GROUP BY run, step, rollout_id, position"""
+    GROUP BY run, token_key"""
 """Each train token's optimisation passes summed: clip events by kind, |gradient weight|, |ratio - 1|."""
 
 
@@ -386,7 +391,7 @@ def token_stats(logs_dir: str, run: str, first: int, last: int, bucket: int, ver
                sum(abs_weight) / nullif(sum(passes), 0) AS abs_grad_weight_mean,
                sum(ratio_dev) / nullif(sum(passes), 0) AS ratio_deviation_mean,
                avg(entropy) AS entropy_mean
-        FROM tok LEFT JOIN pas USING (run, step, rollout_id, position)
+        FROM tok LEFT JOIN pas USING (run, token_key)
         GROUP BY ALL ORDER BY count DESC, token_text, position_from
         """,
         {"runs": [run], "first": first, "last": last, "bucket": bucket},
@@ -432,24 +437,21 @@ def entropy_bins(logs_dir: str, runs: tuple[str, ...], first: int, last: int, bi
     return sql(
         logs_dir,
         f"""
-        WITH tok AS ({_TRAIN_TOKENS}),
+        WITH tok AS ({_TRAIN_TOKENS}), pas AS ({_PASSES_PER_TOKEN}),
         ranked AS (
-            SELECT run, step, rollout_id, position,
+            SELECT run, token_key,
                    rank() OVER (PARTITION BY run, step, rollout_id ORDER BY entropy) - 1 AS r,
                    count(*) OVER (PARTITION BY run, step, rollout_id) AS n
             FROM tok
         ), binned AS (
-            SELECT run, step, rollout_id, position,
+            SELECT run, token_key,
                    CASE WHEN n <= 1 THEN 0 ELSE greatest(0, ($bins * r + n - 2) // (n - 1) - 1) END AS bin
             FROM ranked
         ), per_bin AS (
-            SELECT b.run, b.bin, count(*) AS pass_rows,
-                   avg((p.clip > 0)::DOUBLE) AS clip_rate, avg((p.clip = 1)::DOUBLE) AS clip_low_rate,
-                   avg((p.clip = 2)::DOUBLE) AS clip_high_rate, avg((p.clip = 3)::DOUBLE) AS clip_dual_rate,
-                   sum(abs(p.grad_weight)) AS abs_weight
-            FROM binned b JOIN token_passes p
-                 ON p.run = b.run AND p.step = b.step AND p.rollout_id = b.rollout_id AND p.position = b.position
-            WHERE list_contains($runs, p.run) AND p.step BETWEEN $first AND $last
+            SELECT b.run, b.bin, sum(p.passes) AS pass_rows, sum(p.clipped) / sum(p.passes) AS clip_rate,
+                   sum(p.low) / sum(p.passes) AS clip_low_rate, sum(p.high) / sum(p.passes) AS clip_high_rate,
+                   sum(p.dual) / sum(p.passes) AS clip_dual_rate, sum(p.abs_weight) AS abs_weight
+            FROM binned b JOIN pas p USING (run, token_key)
             GROUP BY b.run, b.bin
         )
         SELECT x.algorithm, pb.run, pb.bin, (pb.bin + 0.5) / $bins AS quantile_mid, pb.pass_rows, pb.clip_rate,
