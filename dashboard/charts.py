@@ -7,6 +7,7 @@ value of their quantity (0 for advantages and weights, 1 for ratios), clip event
 
 from __future__ import annotations
 
+import html
 import math
 
 import numpy as np
@@ -327,6 +328,18 @@ def _token_label(text: str) -> str:
     return visible_text(str(text)).replace("<br>", "")
 
 
+def _name(text: str) -> str:
+    """A logged name (run, algorithm, answer class) for a plotly legend or title: escaped, never markup. Hover
+    templates refer to it as %{fullData.name}, so a '%{...}' in it is never substituted either."""
+    return html.escape(str(text), quote=True)
+
+
+def token_as_text(text: str) -> str:
+    """A token's text for a table cell (shown as text, never markup) with its whitespace made visible, as in the
+    token views: `·` space, `↵` newline, `→` tab."""
+    return str(text).replace(" ", "·").replace("\t", "→").replace("\r", "␍").replace("\n", "↵")
+
+
 def ref_class_curves(curves: pd.DataFrame, colours: dict[str, str] | None = None) -> go.Figure:
     """Mean log-prob of a whole reference solution per evaluation step, one colour per run, one dash per answer
     class (`queries.ref_class_curves`)."""
@@ -338,10 +351,10 @@ def ref_class_curves(curves: pd.DataFrame, colours: dict[str, str] | None = None
         dash = dashes[classes.index(str(answer_class)) % len(dashes)]
         traces.append({
             "type": "scatter", "x": frame["step"].to_numpy(), "y": frame["solution_logp"].to_numpy(dtype=float),
-            "mode": "lines+markers", "name": f"{run} · {answer_class}", "line": {"color": colours.get(run),
-                                                                                 "dash": dash},
+            "mode": "lines+markers", "name": _name(f"{run} · {answer_class}"),
+            "line": {"color": colours.get(run), "dash": dash},
             "marker": {"size": 5}, "customdata": frame[["token_logp", "prompts"]].to_numpy(dtype=float),
-            "hovertemplate": f"{_token_label(run)} · {_token_label(answer_class)}<br>step %{{x}}<br>"
+            "hovertemplate": "%{fullData.name}<br>step %{x}<br>"
                              "log p(solution) %{y:.3f}<br>per token %{customdata[0]:.3f}<br>"
                              "%{customdata[1]} prompts<extra></extra>",
         })
@@ -380,9 +393,7 @@ def ref_trajectory_heatmaps(trajectories: pd.DataFrame, at_step: int, marked: pd
                                        "tickvals": list(grid.columns), "ticktext": labels, "tickangle": 0,
                                        "tickfont": {"family": "monospace", "size": 13}}
         layout["yaxis" + yname[1:]] = {"anchor": xname, "domain": _unit(top - height, top), "type": "category",
-                                       "title": {"text": "step"}, "autorange": "reversed"}
-        notes.append({"text": run, "x": 0, "y": top, "xref": "paper", "yref": "paper", "xanchor": "left",
-                      "yanchor": "bottom", "yshift": 22, "showarrow": False, "font": {"size": 13}})
+                                       "title": {"text": f"{_name(run)}<br>step"}, "autorange": "reversed"}
         traces.append({
             "type": "heatmap", "z": grid.to_numpy(dtype=float), "x": list(grid.columns), "y": y_labels,
             "xaxis": xname, "yaxis": yname, "zmin": 0, "zmax": 1, "colorscale": _scale("Viridis"),
@@ -412,10 +423,11 @@ def marked_token_lines(trajectories: pd.DataFrame, marked: pd.DataFrame, colours
     traces = []
     for mark in marked.itertuples(index=False):
         frame = trajectories[(trajectories["run"] == mark.run) & (trajectories["position"] == mark.position)]
-        name = f"{mark.run} · #{mark.position} {_token_label(mark.token_text)}"
+        name = f"{_name(mark.run)} · #{mark.position} {_token_label(mark.token_text)}"
         traces.append({"type": "scatter", "x": frame["step"].to_numpy(), "y": frame["p"].to_numpy(dtype=float),
                        "mode": "lines+markers", "name": name, "line": {"color": colours.get(mark.run)},
-                       "marker": {"size": 5}, "hovertemplate": name + "<br>step %{x}<br>p %{y:.3f}<extra></extra>"})
+                       "marker": {"size": 5}, "hovertemplate": "%{fullData.name}<br>step %{x}<br>p %{y:.3f}"
+                                                               "<extra></extra>"})
     return go.Figure(data=traces, layout={
         "height": 280, "margin": {"l": 50, "r": 10, "t": 20, "b": 40}, "xaxis": {"title": {"text": "step"}},
         "yaxis": {"title": {"text": "p(token)"}, "range": [0, 1.02]},
@@ -429,13 +441,13 @@ def entropy_bin_bars(bins: pd.DataFrame, n_bins: int, split: float) -> go.Figure
                     hspace=0.08, vspace=0)
     colours = run_colours(list(bins["run"].unique()))
     for run, frame in bins.groupby("run", sort=True):
-        name = f"{frame['algorithm'].iloc[0]} · {run}"
+        name = _name(f"{frame['algorithm'].iloc[0]} · {run}")
         for panel, column in enumerate(("clip_rate", "weight_share")):
             grid.add(panel, {
                 "type": "bar", "x": frame["quantile_mid"].to_numpy(dtype=float),
-                "y": frame[column].to_numpy(dtype=float), "name": _token_label(name), "legendgroup": run,
+                "y": frame[column].to_numpy(dtype=float), "name": name, "legendgroup": run,
                 "showlegend": panel == 0, "marker": {"color": colours[run]},
-                "hovertemplate": _token_label(name) + "<br>entropy quantile bin %{x:.2f}<br>" + column
+                "hovertemplate": "%{fullData.name}<br>entropy quantile bin %{x:.2f}<br>" + column
                                  + " %{y:.4f}<extra></extra>",
             })
     shapes = []
@@ -445,8 +457,8 @@ def entropy_bin_bars(bins: pd.DataFrame, n_bins: int, split: float) -> go.Figure
                                      dtick=1 / n_bins if n_bins <= 10 else 0.1)
         shapes.append({"type": "line", "xref": xname, "yref": f"{yname} domain", "x0": split, "x1": split,
                        "y0": 0, "y1": 1, "line": {"color": "#444", "dash": "dash", "width": 2}})
-    grid.layout["annotations"].append({"x": split, "y": 1, "xref": "x", "yref": "y domain", "yanchor": "bottom",
-                                       "text": f"ASPO split: {split:.0%} quantile", "showarrow": False,
-                                       "font": {"size": 11}})
+    grid.layout["annotations"].append({"x": split, "y": 0.98, "xref": "x", "yref": "y domain", "yanchor": "top",
+                                       "xanchor": "right", "text": f"ASPO split: {split:.0%} quantile ",
+                                       "showarrow": False, "font": {"size": 11}})
     return grid.figure(height=340, barmode="group", bargap=0.15, margin={"l": 50, "r": 10, "t": 40, "b": 40},
                        legend={"orientation": "h", "y": -0.25}, shapes=shapes)

@@ -302,18 +302,23 @@ def test_trajectories_page_draws_the_logged_probabilities(tiny_run, monkeypatch)
 def test_token_statistics_page_lists_tokens_and_their_rollouts(tiny_run, monkeypatch):
     from test_dashboard import dataframe, open_page, plotly_spec
 
+    from dashboard.charts import token_as_text
+
     logs_dir, run = tiny_run
     tokens, _passes = train_token_rows(logs_dir, run, 0, 10**9)
     at = open_page(logs_dir, "token_stats", monkeypatch, run=run)
     table = dataframe(at, "token_text", "clip_low_rate")
     counts = tokens.token_text.value_counts()
-    assert dict(zip(table.token_text, table["count"], strict=True)) == counts.to_dict()
+    # whitespace made visible: the newline token is listed as ↵
+    assert dict(zip(table.token_text, table["count"], strict=True)) == {
+        token_as_text(t): n for t, n in counts.items()}
+    assert "↵" in set(table.token_text)
 
     # click the first row: its rollouts are listed, each holding the token
     at.session_state["stats_table"] = {"selection": {"rows": [0], "columns": [], "cells": []}}
     at.run()
     assert not at.exception, [e.message for e in at.exception]
-    token = table.token_text.iloc[0]
+    token = next(t for t in counts.index if token_as_text(t) == table.token_text.iloc[0])
     holders = dataframe(at, "occurrences", "completion")
     expected = tokens[tokens.token_text == token].groupby(["step", "rollout_id"]).size()
     assert list(zip(holders.step, holders.rollout_id, strict=True)) == expected.index.tolist()
@@ -324,3 +329,51 @@ def test_token_statistics_page_lists_tokens_and_their_rollouts(tiny_run, monkeyp
     assert [s["x0"] for s in spec["layout"]["shapes"]] == [0.8, 0.8]
     shares = grid(spec["data"][1]["y"])
     assert shares.sum() == pytest.approx(1.0)
+
+
+def test_logged_strings_reach_the_new_views_as_text_only(tmp_path, monkeypatch):
+    """Token texts, answer classes and algorithm names with markup in them are drawn escaped and tabled as text."""
+    from test_dashboard import dataframe, open_page, plotly_spec
+
+    from dashboard.charts import token_as_text
+    from dashboard.common import md
+    from dashboard.synthetic import HOSTILE_TOKEN, synthetic_step
+    from engine.runlog import RunWriter
+
+    rng = np.random.default_rng(0)
+    texts = [HOSTILE_TOKEN, "%{x}", "[a](http://example.com)", "\n"]
+    writer = RunWriter.create(tmp_path, "hostile", algorithm="<b>grpo</b>", task="linear", config={"task_seed": 0},
+                              model="m")
+    for step in (0, 1):
+        data = synthetic_step(step, 2, 4, 8, 2, rng, hostile=True)
+        writer.log_step(step, **data, ref_tokens={
+            "prompt_id": [0] * 4, "position": list(range(4)), "token_id": list(range(4)), "token_text": texts,
+            "logp": [-0.1 * (step + 1)] * 4, "entropy": [0.5] * 4, "answer_class": ["<i>negative</i>"] * 4})
+    writer.close()
+
+    at = open_page(tmp_path, "token_trajectories", monkeypatch, run="hostile")
+    for key in ("traj_heatmap", "traj_class_curves", "traj_marked_lines"):
+        spec = json.dumps(plotly_spec(at, key))
+        for raw in ("<img", "<i>", "<b>"):  # plotly renders a subset of HTML in labels, no markdown
+            assert raw not in spec, (key, raw)
+    heat = plotly_spec(at, "traj_heatmap")
+    assert heat["layout"]["xaxis"]["ticktext"][0] == "&lt;img·src=x·onerror=alert(1)&gt;"
+    assert heat["layout"]["xaxis"]["ticktext"][3] == "↵"
+    names = [t["name"] for t in plotly_spec(at, "traj_class_curves")["data"]]
+    assert names == ["hostile · &lt;i&gt;negative&lt;/i&gt;"]
+    assert "%{fullData.name}" in plotly_spec(at, "traj_class_curves")["data"][0]["hovertemplate"]
+    shown = token_as_text(HOSTILE_TOKEN)
+    assert shown == "<img·src=x·onerror=alert(1)>"
+    assert shown in set(dataframe(at, "token", "p now").token)  # a table cell: text
+
+    at = open_page(tmp_path, "token_stats", monkeypatch, run="hostile")
+    table = dataframe(at, "token_text", "clip_low_rate")
+    row = list(table.token_text).index(shown)
+    at.session_state["stats_table"] = {"selection": {"rows": [row], "columns": [], "cells": []}}
+    at.run()
+    assert not at.exception, [e.message for e in at.exception]
+    headers = [m.value for m in at.markdown if "Rollouts holding token" in m.value]
+    assert len(headers) == 1 and md(shown) in headers[0]  # every markdown character of the token escaped
+    assert len(dataframe(at, "occurrences", "completion")) >= 1
+    spec = json.dumps(plotly_spec(at, "stats_entropy"))
+    assert "<b>" not in spec and "&lt;b&gt;grpo&lt;/b&gt;" in spec

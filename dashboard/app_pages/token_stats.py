@@ -40,7 +40,8 @@ st.caption(f"{len(shown)} of {len(stats)} token texts in steps {first}..{last} o
            "sort, a row to list the rollouts that hold the token.")
 rate = st.column_config.NumberColumn(format="%.3f")
 picked = st.dataframe(
-    shown, hide_index=True, key="stats_table", on_select="rerun", selection_mode="single-row",
+    shown.assign(token_text=shown["token_text"].map(charts.token_as_text)), hide_index=True, key="stats_table",
+    on_select="rerun", selection_mode="single-row",
     column_config={
         "token_text": st.column_config.TextColumn("token"), "position_from": "from position",
         "advantage_mean": st.column_config.NumberColumn("mean advantage", format="%.3f"),
@@ -59,7 +60,7 @@ if rows and rows[0] < len(shown):
         else ""
     holders = common.load("the rollouts with this token", queries.rollouts_with_token, logs, run, first, last,
                           str(token["token_text"]), bucket, int(token["position_from"]) if bucket else None)
-    st.markdown(f"**Rollouts holding token {common.md(repr(str(token['token_text'])))}{common.md(where)}** "
+    st.markdown(f"**Rollouts holding token {common.md(charts.token_as_text(token['token_text']))}{common.md(where)}** "
                 f"({len(holders)}{'+' if len(holders) >= 500 else ''})")
     holders = holders.assign(inspect=[
         "tokens?" + urlencode({"run": run, "step": int(s), "rollout": int(r)})

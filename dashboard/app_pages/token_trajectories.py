@@ -82,5 +82,6 @@ st.caption(f"Colour: p(token) under the policy at each evaluation (rows) for eac
 st.plotly_chart(charts.ref_trajectory_heatmaps(trajectories, at, marked), key="traj_heatmap")
 st.plotly_chart(charts.marked_token_lines(trajectories[trajectories["step"] <= at], marked,
                                           charts.run_colours(compared)), key="traj_marked_lines")
-st.dataframe(marked.rename(columns={"token_text": "token", "p_first": "p at first eval", "p_now": "p now"}),
+marked_table = marked.assign(token_text=marked["token_text"].map(charts.token_as_text))
+st.dataframe(marked_table.rename(columns={"token_text": "token", "p_first": "p at first eval", "p_now": "p now"}),
              hide_index=True, key="traj_marked")
