@@ -421,11 +421,13 @@ def marked_token_lines(trajectories: pd.DataFrame, marked: pd.DataFrame, colours
     """p(token) across evaluation steps for the tokens of `marked`, one line each (colour per run)."""
     colours = colours or run_colours(list(trajectories["run"].unique()))
     traces = []
-    for mark in marked.itertuples(index=False):
+    rank = marked.groupby("run").cumcount().to_numpy()  # the run's 1st, 2nd ... token: solid, dot, dash ...
+    for mark, k in zip(marked.itertuples(index=False), rank, strict=True):
         frame = trajectories[(trajectories["run"] == mark.run) & (trajectories["position"] == mark.position)]
         name = f"{_name(mark.run)} · #{mark.position} {_token_label(mark.token_text)}"
         traces.append({"type": "scatter", "x": frame["step"].to_numpy(), "y": frame["p"].to_numpy(dtype=float),
-                       "mode": "lines+markers", "name": name, "line": {"color": colours.get(mark.run)},
+                       "mode": "lines+markers", "name": name,
+                       "line": {"color": colours.get(mark.run), "dash": ["solid", "dot", "dash", "dashdot"][k % 4]},
                        "marker": {"size": 5}, "hovertemplate": "%{fullData.name}<br>step %{x}<br>p %{y:.3f}"
                                                                "<extra></extra>"})
     return go.Figure(data=traces, layout={
