@@ -1,7 +1,8 @@
 """Every SQL query of the dashboard, with bound parameters, cached.
 
 The dashboard reads runs through `engine.runlog.RunReader`, which exposes the run-log tables (runs, steps, rollouts,
-tokens, token_passes, prm_steps) as DuckDB views over the Parquet files the trainer writes. Nothing here writes.
+tokens, token_passes, prm_steps, ref_tokens) as DuckDB views over the Parquet files the trainer writes. Nothing here
+writes.
 
 Caching: `st.cache_resource` holds one reader per logs folder; `st.cache_data` holds query results.
 - The list of runs changes while a run trains, so it lives 2 s (the live view polls it).

@@ -291,6 +291,16 @@ def test_trajectories_page_draws_the_logged_probabilities(tiny_run, monkeypatch)
     assert not at.exception, [e.message for e in at.exception]
     check(other, steps[0])
 
+    # A link from Replay at a step without evaluation (step 1) opens on the latest evaluation before it.
+    at = open_page(logs_dir, "token_trajectories", monkeypatch, run=run, prompt=other, at=1)
+    assert at.selectbox(key="traj_prompt").value == other and at.select_slider(key="traj_step").value == 0
+    assert not at.warning
+    check(other, 1)
+    replay = open_page(logs_dir, "replay", monkeypatch, run=run)
+    prompt = replay.selectbox(key="eval_prompt").value
+    links = [e.proto for e in replay.get("page_link") if e.proto.page == "trajectories"]
+    assert [link.query_string for link in links] == [f"run={run}&prompt={prompt}&at={steps[-1]}"]
+
     curves = plotly_spec(at, "traj_class_curves")["data"]
     per_solution = ref.groupby(["answer_class", "step", "prompt_id"]).logp.sum().groupby(["answer_class", "step"])
     for trace in curves:

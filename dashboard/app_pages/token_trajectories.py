@@ -66,9 +66,10 @@ common.set_url_value("prompt", prompt_id)
 trajectories = common.load("the token trajectories", queries.ref_trajectories, logs, tuple(compared), prompt_id,
                            version)
 steps = sorted(int(s) for s in trajectories["step"].unique())
-at, problem = common.initial_value("traj_step", "at", int, steps, steps[-1])
-if problem:
-    st.warning(f"Step {common.linked('at')} from the link has no evaluation; showing step {at}.")
+# A step without an evaluation (from the sidebar or a Replay link) shows the latest evaluation before it.
+wanted = common.url_value("at", int, selection.step)
+at, _ = common.initial_value("traj_step", "at", int, steps,
+                             max((s for s in steps if wanted is not None and s <= wanted), default=steps[-1]))
 st.session_state["traj_step"] = at
 with right:
     at = st.select_slider("Step (each run at its latest evaluation so far)", steps, key="traj_step") \
