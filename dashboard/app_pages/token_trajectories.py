@@ -65,6 +65,9 @@ prompt_id = left.selectbox("Held-out prompt", ids, key="traj_prompt", format_fun
 common.set_url_value("prompt", prompt_id)
 trajectories = common.load("the token trajectories", queries.ref_trajectories, logs, tuple(compared), prompt_id,
                            version)
+if trajectories.empty:
+    st.info("None of the chosen runs scored this prompt's reference solution.")
+    st.stop()
 steps = sorted(int(s) for s in trajectories["step"].unique())
 # A step without an evaluation (from the sidebar or a Replay link) shows the latest evaluation before it.
 wanted = common.url_value("at", int, selection.step)
