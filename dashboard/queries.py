@@ -433,27 +433,28 @@ percentile; the high-entropy "forking" tokens of arXiv 2506.01939 are the same t
 @st.cache_data(ttl=RUN_TTL, show_spinner=False)
 def entropy_bins(logs_dir: str, runs: tuple[str, ...], first: int, last: int, bins: int, version: tuple
                  ) -> pd.DataFrame:
-    """Train tokens binned by their entropy's quantile within their own response, per run: clip rates (fractions
-    of the token x pass rows) and each bin's share of the run's total |gradient weight| over steps first..last.
+    """Train tokens binned by the quantile of their entropy within their own response, per run: clip rates
+    (fractions of the token x pass rows) and each bin's share of the run's total |gradient weight|, steps first..last.
 
-    Bin k (0-based, of `bins`) holds the tokens whose rank among the response's entropies, r of n (0-based, ties
-    get the lowest rank), has r / (n - 1) in (k / bins, (k + 1) / bins] (bin 0 also holds r = 0). So with 10 bins
-    the tokens of bins 8 and 9 are exactly those above the response's 80th percentile as ASPO computes it
-    (linear-interpolated quantile, strict >), when entropies are distinct.
+    A response's cut points are the linearly interpolated quantiles of its token entropies at 1/bins, 2/bins, ...
+    (as torch.nanquantile computes them); a token's bin is the number of cut points strictly below its entropy. With
+    10 bins, bins 8 and 9 are exactly the tokens ASPO treats as high-entropy (entropy > the 80th percentile).
     """
+    if not (isinstance(bins, int) and 2 <= bins <= 100):
+        raise ValueError(f"bins = {bins!r}; accepted: an integer from 2 to 100")
+    cuts = ", ".join(f"{k / bins!r}" for k in range(1, bins))
+    # Written out (from the integer `bins` only): one comparison per cut point is cheaper than a list lambda.
+    bin_of = " + ".join(f"(t.entropy > c.cuts[{k}])::INT" for k in range(1, bins))
     return sql(
         logs_dir,
         f"""
         WITH tok AS ({_TRAIN_TOKENS}),
-        ranked AS (
-            SELECT run, token_key,
-                   rank() OVER (PARTITION BY run, step, rollout_id ORDER BY entropy) - 1 AS r,
-                   count(*) OVER (PARTITION BY run, step, rollout_id) AS n
-            FROM tok
+        cut_points AS (
+            SELECT run, step, rollout_id, quantile_cont(entropy, [{cuts}]) AS cuts
+            FROM tok GROUP BY run, step, rollout_id
         ), binned AS (
-            SELECT run, token_key,
-                   CASE WHEN n <= 1 THEN 0 ELSE greatest(0, ($bins * r + n - 2) // (n - 1) - 1) END AS bin
-            FROM ranked
+            SELECT t.run, t.token_key, {bin_of} AS bin
+            FROM tok t JOIN cut_points c USING (run, step, rollout_id) WHERE t.entropy IS NOT NULL
         ), per_bin AS (
             SELECT b.run, b.bin, count(*) AS pass_rows, avg((p.clip > 0)::DOUBLE) AS clip_rate,
                    avg((p.clip = 1)::DOUBLE) AS clip_low_rate, avg((p.clip = 2)::DOUBLE) AS clip_high_rate,

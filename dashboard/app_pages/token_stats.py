@@ -81,9 +81,9 @@ if compared:
     bins = common.load("the entropy bins", queries.entropy_bins, logs, tuple(compared), first, last, ENTROPY_BINS,
                        queries.live_signature(logs))
     st.caption(
-        f"Each train token is placed by the rank of its entropy (at sampling) among the tokens of its own response, "
-        f"in {ENTROPY_BINS} quantile bins. Left: how often tokens of each bin were clipped; right: the bin's share of "
-        "the run's total |gradient weight| over the chosen steps. Dashed: ASPO's split at the response's 80th "
+        f"Each train token is placed by its entropy (at sampling) among the quantiles of its own response's token "
+        f"entropies, in {ENTROPY_BINS} bins. Left: how often tokens of each bin were clipped; right: the bin's share "
+        "of the run's total |gradient weight| over the chosen steps. Dashed: ASPO's split at the response's 80th "
         "entropy percentile (clip range 0.4 above it, 0.2 below), the same top 20% of high-entropy 'forking' "
         "tokens that arXiv 2506.01939 finds carry the learning.")
     st.plotly_chart(charts.entropy_bin_bars(bins, ENTROPY_BINS, queries.ASPO_ENTROPY_QUANTILE), key="stats_entropy")
