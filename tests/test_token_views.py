@@ -8,6 +8,7 @@ raw Parquet rows for the queries.
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 
 import numpy as np
@@ -385,3 +386,22 @@ def test_logged_strings_reach_the_new_views_as_text_only(tmp_path, monkeypatch):
     assert len(dataframe(at, "occurrences", "completion")) >= 1
     spec = json.dumps(plotly_spec(at, "stats_entropy"))
     assert "<b>" not in spec and "&lt;b&gt;grpo&lt;/b&gt;" in spec
+
+
+def test_token_statistics_page_follows_a_change_of_run(tiny_run, tmp_path, monkeypatch):
+    """A step range chosen on one run is dropped, not an error, when the sidebar picks a run without those steps."""
+    from test_dashboard import dataframe, open_page
+
+    from dashboard.synthetic import write_synthetic_run
+
+    logs_dir, run = tiny_run
+    shutil.copytree(Path(logs_dir) / run, tmp_path / run)
+    write_synthetic_run(str(tmp_path), "short", steps=2)  # steps 0 and 1 only
+    at = open_page(tmp_path, "token_stats", monkeypatch, run=run)
+    at.select_slider(key="stats_steps").set_value((2, 3)).run()
+    assert not at.exception
+    assert dataframe(at, "token_text", "clip_low_rate")["count"].sum() == len(
+        train_token_rows(tmp_path, run, 2, 3)[0])
+    at.selectbox(key="run").set_value("short").run()
+    assert not at.exception, [e.message for e in at.exception]
+    assert at.select_slider(key="stats_steps").value == (0, 1)
