@@ -22,7 +22,8 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "tests"))  # the synthetic run is test data: tests/synthetic_runs.py
 
-PAGES = ["runs", "replay", "groups", "token_inspector", "prm_steps", "algorithm_weighting"]
+PAGES = ["runs", "replay", "groups", "token_inspector", "prm_steps", "algorithm_weighting", "token_stats",
+         "token_trajectories"]
 RUN = "bench-1m"
 
 
@@ -82,7 +83,7 @@ def time_pages(logs_dir: Path, repeat: int) -> list[dict]:
     return rows
 
 
-def time_functions(logs_dir: Path) -> list[tuple[str, float]]:
+def time_functions(logs_dir: Path) -> list[tuple[str, float, float]]:
     """Query + chart functions on their own (no Streamlit script run), caches bypassed via __wrapped__."""
     import streamlit as st
 
@@ -97,9 +98,10 @@ def time_functions(logs_dir: Path) -> list[tuple[str, float]]:
     out = []
 
     def timed(name, function, *args):
-        started = time.perf_counter()
+        started, cpu = time.perf_counter(), time.process_time()
         value = function(*args)
-        out.append((name, time.perf_counter() - started))
+        # CPU seconds of every thread (DuckDB's included): the cost on a machine busy with other work too
+        out.append((name, time.perf_counter() - started, time.process_time() - cpu))
         return value
 
     timed("runs_table", queries.runs_table, logs)
@@ -115,6 +117,13 @@ def time_functions(logs_dir: Path) -> list[tuple[str, float]]:
     group_tokens = timed("rollout_tokens (1 group)", queries.rollout_tokens, logs, RUN, last, group, 1)
     timed("prm_steps (1 group)", queries.prm_steps, logs, RUN, last, group)
     timed("eval_prompt_history", queries.eval_prompt_history, logs, RUN, 0, version)
+    first = int(reader.sql("SELECT min(step) AS s FROM steps WHERE run = ?", [RUN])["s"][0])
+    stats = timed("token_stats (whole run)", queries.token_stats, logs, RUN, first, last, 0, version)
+    timed("token_stats (whole run, by 8 positions)", queries.token_stats, logs, RUN, first, last, 8, version)
+    timed("rollouts_with_token (whole run)", queries.rollouts_with_token, logs, RUN, first, last,
+          str(stats["token_text"].iloc[0]), 0, None)
+    bins = timed("entropy_bins (whole run)", queries.entropy_bins, logs, (RUN,), first, last, 10, version)
+    timed("entropy_bin_bars figure", charts.entropy_bin_bars, bins, 10, queries.ASPO_ENTROPY_QUANTILE)
 
     from dashboard import recompute
     from engine.objectives import ALGORITHMS
@@ -141,8 +150,9 @@ def main(argv: list[str] | None = None) -> int:
     ensure_run(logs_dir, args.steps, args.groups, args.group_size, args.length)
 
     print("\nquery and figure functions (uncached):")
-    for name, seconds in time_functions(logs_dir):
-        print(f"  {name:<34} {seconds * 1000:8.1f} ms")
+    print(f"  {'':<40} {'wall':>9} {'cpu':>9}")
+    for name, seconds, cpu in time_functions(logs_dir):
+        print(f"  {name:<40} {seconds * 1000:6.1f} ms {cpu * 1000:6.1f} ms")
     print(f"\npage render, server time (AppTest, median of {args.repeat}):")
     print(f"  {'page':<22} {'cold (s)':>9} {'warm (s)':>9}")
     worst = 0.0

@@ -323,3 +323,149 @@ def clip_regions(regions: dict[str, dict], scatter: dict[str, pd.DataFrame]) -> 
         if i % cols == 0:
             grid.axis(i, "y").update(title={"text": "advantage"})
     return grid.figure(height=height, margin={"l": 40, "r": 10, "t": 40, "b": 40}, showlegend=False)
+
+
+# ---------------------------------------------------------------- token trajectories and token statistics
+
+
+def _token_label(text: str) -> str:
+    """A token's text for a plotly label: escaped (plotly renders a subset of HTML in labels), whitespace visible."""
+    return visible_text(str(text)).replace("<br>", "")
+
+
+def _name(text: str) -> str:
+    """A logged name (run, algorithm, answer class) for a plotly legend or title: escaped, never markup. Hover
+    templates refer to it as %{fullData.name}, so a '%{...}' in it is never substituted either."""
+    return html.escape(str(text), quote=True)
+
+
+def token_as_text(text: str) -> str:
+    """A token's text for a table cell (shown as text, never markup) with its whitespace made visible, as in the
+    token views: `·` space, `↵` newline, `→` tab."""
+    return str(text).replace(" ", "·").replace("\t", "→").replace("\r", "␍").replace("\n", "↵")
+
+
+def ref_class_curves(curves: pd.DataFrame, colours: dict[str, str] | None = None) -> go.Figure:
+    """Mean log-prob of a whole reference solution per evaluation step, one colour per run, one dash per answer
+    class (`queries.ref_class_curves`)."""
+    colours = colours or run_colours(list(curves["run"].unique()))
+    dashes = ["solid", "dot", "dash", "dashdot", "longdash"]
+    classes = sorted(curves["answer_class"].astype(str).unique())
+    traces = []
+    for (run, answer_class), frame in curves.groupby(["run", "answer_class"], sort=True):
+        dash = dashes[classes.index(str(answer_class)) % len(dashes)]
+        traces.append({
+            "type": "scatter", "x": frame["step"].to_numpy(), "y": frame["solution_logp"].to_numpy(dtype=float),
+            "mode": "lines+markers", "name": _name(f"{run} · {answer_class}"),
+            "line": {"color": colours.get(run), "dash": dash},
+            "marker": {"size": 5}, "customdata": frame[["token_logp", "prompts"]].to_numpy(dtype=float),
+            "hovertemplate": "%{fullData.name}<br>step %{x}<br>"
+                             "log p(solution) %{y:.3f}<br>per token %{customdata[0]:.3f}<br>"
+                             "%{customdata[1]} prompts<extra></extra>",
+        })
+    return go.Figure(data=traces, layout={
+        "height": 320, "margin": {"l": 50, "r": 10, "t": 30, "b": 40},
+        "xaxis": {"title": {"text": "step"}},
+        "yaxis": {"title": {"text": "mean log p(reference solution)"}},
+        "legend": {"orientation": "h", "y": 1.02, "yanchor": "bottom"},
+    }, _validate=False)
+
+
+def ref_trajectory_heatmaps(trajectories: pd.DataFrame, at_step: int, marked: pd.DataFrame) -> go.Figure:
+    """One panel per run: evaluation steps x tokens of one reference solution, coloured by p(token).
+
+    The row of the latest evaluation at or before `at_step` is outlined; the columns of `marked`
+    (`queries.most_changed_tokens`) are outlined in red and noted with their change of probability.
+    """
+    runs = sorted(trajectories["run"].unique())
+    heights = [len(trajectories.loc[trajectories["run"] == run, "step"].unique()) for run in runs]
+    panel = [40 + 22 * h for h in heights]  # pixels: rows stay readable whatever the number of evaluations
+    gap = 70
+    total = sum(panel) + gap * len(runs) + 40
+    traces, shapes, notes, layout = [], [], [], {}
+    top = 1.0
+    for i, run in enumerate(runs):
+        frame = trajectories[trajectories["run"] == run]
+        grid = frame.pivot(index="step", columns="position", values="p").sort_index()  # (steps, positions)
+        texts = frame.drop_duplicates("position").set_index("position")["token_text"].reindex(grid.columns)
+        labels = [_token_label(t) for t in texts]
+        steps = [int(s) for s in grid.index]
+        y_labels = [str(s) for s in steps]
+        xname, yname = Subplots.ref(i)
+        height = panel[i] / total
+        top -= gap / total
+        layout["xaxis" + xname[1:]] = {"anchor": yname, "domain": [0, 1], "tickmode": "array",
+                                       "tickvals": list(grid.columns), "ticktext": labels, "tickangle": 0,
+                                       "tickfont": {"family": "monospace", "size": 13}}
+        layout["yaxis" + yname[1:]] = {"anchor": xname, "domain": _unit(top - height, top), "type": "category",
+                                       "title": {"text": f"{_name(run)}<br>step"}, "autorange": "reversed"}
+        traces.append({
+            "type": "heatmap", "z": grid.to_numpy(dtype=float), "x": list(grid.columns), "y": y_labels,
+            "xaxis": xname, "yaxis": yname, "zmin": 0, "zmax": 1, "colorscale": _scale("Viridis"),
+            "showscale": i == 0, "colorbar": {"title": {"text": "p(token)", "side": "right"}, "len": 0.6},
+            "customdata": [labels] * len(steps),
+            "hovertemplate": "step %{y} · token #%{x} %{customdata}<br>p %{z:.3f}<extra></extra>",
+        })
+        now = max((s for s in steps if s <= at_step), default=steps[0])
+        shapes.append({"type": "rect", "xref": f"{xname} domain", "yref": yname, "x0": 0, "x1": 1,
+                       "y0": steps.index(now) - 0.5, "y1": steps.index(now) + 0.5,
+                       "line": {"color": "#ff7f0e", "width": 3}})
+        for mark in marked[marked["run"] == run].itertuples(index=False):
+            shapes.append({"type": "rect", "xref": xname, "yref": f"{yname} domain", "x0": mark.position - 0.5,
+                           "x1": mark.position + 0.5, "y0": 0, "y1": 1, "line": {"color": "#d62728", "width": 2}})
+            notes.append({"text": f"{mark.change:+.2f}", "x": mark.position, "y": 1, "xref": xname,
+                          "yref": f"{yname} domain", "yanchor": "bottom", "showarrow": False,
+                          "font": {"size": 11, "color": "#d62728"}})
+        top -= height
+    layout.update(height=total, margin={"l": 50, "r": 10, "t": 10, "b": 30}, shapes=shapes, annotations=notes)
+    return go.Figure(data=traces, layout=layout, _validate=False)
+
+
+def marked_token_lines(trajectories: pd.DataFrame, marked: pd.DataFrame, colours: dict[str, str] | None = None
+                       ) -> go.Figure:
+    """p(token) across evaluation steps for the tokens of `marked`, one line each (colour per run)."""
+    colours = colours or run_colours(list(trajectories["run"].unique()))
+    traces = []
+    rank = marked.groupby("run").cumcount().to_numpy()  # the run's 1st, 2nd ... token: solid, dot, dash ...
+    for mark, k in zip(marked.itertuples(index=False), rank, strict=True):
+        frame = trajectories[(trajectories["run"] == mark.run) & (trajectories["position"] == mark.position)]
+        name = f"{_name(mark.run)} · #{mark.position} {_token_label(mark.token_text)}"
+        traces.append({"type": "scatter", "x": frame["step"].to_numpy(), "y": frame["p"].to_numpy(dtype=float),
+                       "mode": "lines+markers", "name": name,
+                       "line": {"color": colours.get(mark.run), "dash": ["solid", "dot", "dash", "dashdot"][k % 4]},
+                       "marker": {"size": 5}, "hovertemplate": "%{fullData.name}<br>step %{x}<br>p %{y:.3f}"
+                                                               "<extra></extra>"})
+    return go.Figure(data=traces, layout={
+        "height": 280, "margin": {"l": 50, "r": 10, "t": 20, "b": 40}, "xaxis": {"title": {"text": "step"}},
+        "yaxis": {"title": {"text": "p(token)"}, "range": [0, 1.02]},
+    }, _validate=False)
+
+
+def entropy_bin_bars(bins: pd.DataFrame, n_bins: int, split: float) -> go.Figure:
+    """Clip rate and share of |gradient weight| per within-response entropy-quantile bin, bars per run, with the
+    quantile `split` (ASPO's 80th percentile) drawn on both panels (`queries.entropy_bins`)."""
+    grid = Subplots(1, 2, ["clip rate (any clip, per token x pass)", "share of total |gradient weight|"],
+                    hspace=0.08, vspace=0)
+    colours = run_colours(list(bins["run"].unique()))
+    for run, frame in bins.groupby("run", sort=True):
+        name = _name(f"{frame['algorithm'].iloc[0]} · {run}")
+        for panel, column in enumerate(("clip_rate", "weight_share")):
+            grid.add(panel, {
+                "type": "bar", "x": frame["quantile_mid"].to_numpy(dtype=float),
+                "y": frame[column].to_numpy(dtype=float), "name": name, "legendgroup": run,
+                "showlegend": panel == 0, "marker": {"color": colours[run]},
+                "hovertemplate": "%{fullData.name}<br>entropy quantile bin %{x:.2f}<br>" + column
+                                 + " %{y:.4f}<extra></extra>",
+            })
+    shapes = []
+    for panel in (0, 1):
+        xname, yname = Subplots.ref(panel)
+        grid.axis(panel, "x").update(title={"text": "entropy quantile within the response"}, range=[0, 1],
+                                     dtick=1 / n_bins if n_bins <= 10 else 0.1)
+        shapes.append({"type": "line", "xref": xname, "yref": f"{yname} domain", "x0": split, "x1": split,
+                       "y0": 0, "y1": 1, "line": {"color": "#444", "dash": "dash", "width": 2}})
+    grid.layout["annotations"].append({"x": split, "y": 0.98, "xref": "x", "yref": "y domain", "yanchor": "top",
+                                       "xanchor": "right", "text": f"ASPO split: {split:.0%} quantile ",
+                                       "showarrow": False, "font": {"size": 11}})
+    return grid.figure(height=340, barmode="group", bargap=0.15, margin={"l": 50, "r": 10, "t": 40, "b": 40},
+                       legend={"orientation": "h", "y": -0.25}, shapes=shapes)

@@ -1,7 +1,8 @@
 """Every SQL query of the dashboard, with bound parameters, cached.
 
 The dashboard reads runs through `engine.runlog.RunReader`, which exposes the run-log tables (runs, steps, rollouts,
-tokens, token_passes, prm_steps) as DuckDB views over the Parquet files the trainer writes. Nothing here writes.
+tokens, token_passes, prm_steps, ref_tokens) as DuckDB views over the Parquet files the trainer writes. Nothing here
+writes.
 
 Caching: `st.cache_resource` holds one reader per logs folder; `st.cache_data` holds query results.
 - The list of runs changes while a run trains, so it lives 2 s (the live view polls it).
@@ -295,3 +296,214 @@ def eval_prompt_across_runs(logs_dir: str, task: str, prompt_id: int, step: int)
         """,
         [task, prompt_id, step],
     )
+
+
+# ---------------------------------------------------------------- token trajectories: reference solutions over training
+
+
+@st.cache_data(ttl=RUN_TTL, show_spinner=False)
+def ref_prompts(logs_dir: str, run: str, version: tuple) -> pd.DataFrame:
+    """The held-out prompts whose reference solution a run scored (`ref_tokens`), with their text and class."""
+    return sql(
+        logs_dir,
+        """
+        WITH scored AS (
+            SELECT prompt_id, any_value(answer_class) AS answer_class, count(DISTINCT step) AS steps,
+                   max(position) + 1 AS tokens
+            FROM ref_tokens WHERE run = ? GROUP BY prompt_id
+        ), asked AS (
+            SELECT prompt_id, any_value(prompt) AS prompt, any_value(answer) AS answer
+            FROM rollouts WHERE run = ? AND kind = 'eval' GROUP BY prompt_id
+        )
+        SELECT s.prompt_id, a.prompt, a.answer, s.answer_class, s.tokens, s.steps
+        FROM scored s LEFT JOIN asked a USING (prompt_id) ORDER BY s.prompt_id
+        """,
+        [run, run],
+    )
+
+
+@st.cache_data(ttl=RUN_TTL, show_spinner=False)
+def ref_trajectories(logs_dir: str, runs: tuple[str, ...], prompt_id: int, version: tuple) -> pd.DataFrame:
+    """Every scored token of one held-out prompt's reference solution, per run and evaluation step."""
+    return sql(
+        logs_dir,
+        """SELECT run, step, position, token_text, logp, exp(logp) AS p, entropy FROM ref_tokens
+           WHERE list_contains(?, run) AND prompt_id = ? ORDER BY run, step, position""",
+        [list(runs), prompt_id],
+    )
+
+
+@st.cache_data(ttl=RUN_TTL, show_spinner=False)
+def ref_class_curves(logs_dir: str, runs: tuple[str, ...], version: tuple) -> pd.DataFrame:
+    """Per run, evaluation step and answer class: the mean log-prob of a whole reference solution (summed over its
+    tokens, EOS included) and the mean per-token log-prob, over the held-out prompts of that class."""
+    return sql(
+        logs_dir,
+        """
+        WITH solutions AS (
+            SELECT run, step, prompt_id, any_value(answer_class) AS answer_class, sum(logp) AS logp,
+                   count(*) AS tokens
+            FROM ref_tokens WHERE list_contains(?, run) GROUP BY run, step, prompt_id
+        )
+        SELECT run, step, answer_class, avg(logp) AS solution_logp, sum(logp) / sum(tokens) AS token_logp,
+               count(*) AS prompts
+        FROM solutions GROUP BY run, step, answer_class ORDER BY run, answer_class, step
+        """,
+        [list(runs)],
+    )
+
+
+def most_changed_tokens(trajectories: pd.DataFrame, upto_step: int, k: int = 3) -> pd.DataFrame:
+    """Per run, the k reference tokens whose probability moved most between the run's first evaluation and its
+    latest evaluation at or before `upto_step` (run, position, token_text, p_first, p_now, change, first, now)."""
+    picked = []
+    for run, frame in trajectories.groupby("run", sort=True):
+        steps = sorted(frame["step"].unique())
+        now = max((s for s in steps if s <= upto_step), default=steps[0])
+        first = frame[frame["step"] == steps[0]].set_index("position")
+        latest = frame[frame["step"] == now].set_index("position")
+        change = (latest["p"] - first["p"]).dropna()
+        top = change.abs().sort_values(ascending=False, kind="stable").index[:k]
+        picked.append(pd.DataFrame({
+            "run": run, "position": top, "token_text": latest.loc[top, "token_text"].to_numpy(),
+            "p_first": first.loc[top, "p"].to_numpy(), "p_now": latest.loc[top, "p"].to_numpy(),
+            "change": change.loc[top].to_numpy(), "first_step": int(steps[0]), "now_step": int(now),
+        }))
+    columns = ["run", "position", "token_text", "p_first", "p_now", "change", "first_step", "now_step"]
+    return pd.concat(picked, ignore_index=True) if picked else pd.DataFrame(columns=columns)
+
+
+# ---------------------------------------------------------------- token statistics over a step range
+
+_TOKEN_KEY = "(step::HUGEINT * 18446744073709551616 + rollout_id::HUGEINT * 4294967296 + position)"
+"""(step, rollout_id, position) as one number (rollout ids and positions are below 2^32): joining and grouping a
+million tokens on one key takes half the time of three."""
+
+_TRAIN_TOKENS = f"""
+    SELECT t.run, t.step, t.rollout_id, t.position, {_TOKEN_KEY} AS token_key, t.token_text, t.advantage, t.entropy
+    FROM tokens t SEMI JOIN (
+        SELECT run, step, rollout_id FROM rollouts
+        WHERE list_contains($runs, run) AND step BETWEEN $first AND $last AND kind = 'train'
+    ) r ON r.run = t.run AND r.step = t.step AND r.rollout_id = t.rollout_id
+    WHERE list_contains($runs, t.run) AND t.step BETWEEN $first AND $last"""
+"""The train tokens of some runs in a step range (eval completions are logged in `tokens` too, but never trained on)."""
+
+_PASSES = f"""
+    SELECT run, {_TOKEN_KEY} AS token_key, clip, grad_weight, ratio FROM token_passes
+    WHERE list_contains($runs, run) AND step BETWEEN $first AND $last"""
+"""The optimisation passes of some runs in a step range, keyed like `_TRAIN_TOKENS`. Joined to the tokens row by
+row and aggregated straight into the few output groups: a third cheaper than summing each token's passes first."""
+
+
+@st.cache_data(ttl=RUN_TTL, show_spinner=False)
+def token_stats(logs_dir: str, run: str, first: int, last: int, bucket: int, version: tuple) -> pd.DataFrame:
+    """Per token text (and per position bucket of `bucket` positions when bucket > 0) over steps first..last:
+    count of train tokens, mean advantage and entropy, clip rates (low, high, dual: fractions of the token's
+    optimisation passes), mean |gradient weight| and mean |ratio - 1| per pass."""
+    return sql(
+        logs_dir,
+        f"""
+        WITH tok AS (
+            SELECT *, CASE WHEN $bucket > 0 THEN position // $bucket * $bucket END AS position_from
+            FROM ({_TRAIN_TOKENS})
+        ), per_token AS (
+            SELECT token_text, position_from, count(*) AS count, avg(advantage) AS advantage_mean,
+                   avg(entropy) AS entropy_mean
+            FROM tok GROUP BY ALL
+        ), per_pass AS (
+            SELECT t.token_text, t.position_from, count(*) AS passes, count(*) FILTER (WHERE p.clip = 1) AS low,
+                   count(*) FILTER (WHERE p.clip = 2) AS high, count(*) FILTER (WHERE p.clip = 3) AS dual,
+                   sum(abs(p.grad_weight)) AS abs_weight, sum(abs(p.ratio - 1)) AS ratio_dev
+            FROM tok t JOIN ({_PASSES}) p USING (run, token_key) GROUP BY ALL
+        )
+        SELECT a.token_text, a.position_from, a.count, a.advantage_mean, b.low / b.passes AS clip_low_rate,
+               b.high / b.passes AS clip_high_rate, b.dual / b.passes AS clip_dual_rate,
+               b.abs_weight / b.passes AS abs_grad_weight_mean, b.ratio_dev / b.passes AS ratio_deviation_mean,
+               a.entropy_mean
+        FROM per_token a LEFT JOIN per_pass b
+             ON b.token_text = a.token_text AND b.position_from IS NOT DISTINCT FROM a.position_from
+        ORDER BY a.count DESC, a.token_text, a.position_from
+        """,
+        {"runs": [run], "first": first, "last": last, "bucket": bucket},
+    )
+
+
+@st.cache_data(ttl=RUN_TTL, show_spinner=False)
+def rollouts_with_token(logs_dir: str, run: str, first: int, last: int, token_text: str, bucket: int,
+                        position_from: int | None, limit: int = 500) -> pd.DataFrame:
+    """The train rollouts of steps first..last that hold a token text (within a position bucket, when given),
+    with how often and where."""
+    return sql(
+        logs_dir,
+        f"""
+        WITH tok AS ({_TRAIN_TOKENS})
+        SELECT r.step, r.rollout_id, r.group_id, count(*) AS occurrences, list(t.position ORDER BY t.position)
+               AS positions, r.completion, r.reward, r.advantage, r.length
+        FROM tok t JOIN rollouts r ON r.run = t.run AND r.step = t.step AND r.rollout_id = t.rollout_id
+        WHERE t.token_text = $token AND ($bucket <= 0 OR t.position // $bucket * $bucket = $position_from)
+        GROUP BY ALL ORDER BY r.step, r.rollout_id LIMIT $limit
+        """,
+        {"runs": [run], "first": first, "last": last, "token": token_text, "bucket": bucket,
+         "position_from": position_from, "limit": limit},
+    )
+
+
+ASPO_ENTROPY_QUANTILE = 0.8
+"""ASPO (arXiv 2510.06062, Archer2.0 code) widens the clip range of a response's tokens above its 80th entropy
+percentile; the high-entropy "forking" tokens of arXiv 2506.01939 are the same top 20%."""
+
+
+@st.cache_data(ttl=RUN_TTL, show_spinner=False)
+def entropy_bins(logs_dir: str, runs: tuple[str, ...], first: int, last: int, bins: int, version: tuple
+                 ) -> pd.DataFrame:
+    """Train tokens binned by the quantile of their entropy within their own response, per run: clip rates
+    (fractions of the token x pass rows) and each bin's share of the run's total |gradient weight|, steps first..last.
+
+    A response's cut points are the linearly interpolated quantiles of its token entropies at 1/bins, 2/bins, ...
+    (as torch.nanquantile computes them); a token's bin is the number of cut points strictly below its entropy. With
+    10 bins, bins 8 and 9 are exactly the tokens ASPO treats as high-entropy (entropy > the 80th percentile).
+    """
+    if not (isinstance(bins, int) and 2 <= bins <= 100):
+        raise ValueError(f"bins = {bins!r}; accepted: an integer from 2 to 100")
+    cuts = ", ".join(f"{k / bins!r}" for k in range(1, bins))
+    # Written out (from the integer `bins` only): one comparison per cut point is cheaper than a list lambda.
+    bin_of = " + ".join(f"(t.entropy > c.cuts[{k}])::INT" for k in range(1, bins))
+    return sql(
+        logs_dir,
+        f"""
+        WITH tok AS ({_TRAIN_TOKENS}),
+        cut_points AS (
+            SELECT run, step, rollout_id, quantile_cont(entropy, [{cuts}]) AS cuts
+            FROM tok GROUP BY run, step, rollout_id
+        ), binned AS (
+            SELECT t.run, t.token_key, {bin_of} AS bin
+            FROM tok t JOIN cut_points c USING (run, step, rollout_id) WHERE t.entropy IS NOT NULL
+        ), per_bin AS (
+            SELECT b.run, b.bin, count(*) AS pass_rows, avg((p.clip > 0)::DOUBLE) AS clip_rate,
+                   avg((p.clip = 1)::DOUBLE) AS clip_low_rate, avg((p.clip = 2)::DOUBLE) AS clip_high_rate,
+                   avg((p.clip = 3)::DOUBLE) AS clip_dual_rate, sum(abs(p.grad_weight)) AS abs_weight
+            FROM binned b JOIN ({_PASSES}) p USING (run, token_key)
+            GROUP BY b.run, b.bin
+        )
+        SELECT x.algorithm, pb.run, pb.bin, (pb.bin + 0.5) / $bins AS quantile_mid, pb.pass_rows, pb.clip_rate,
+               pb.clip_low_rate, pb.clip_high_rate, pb.clip_dual_rate, pb.abs_weight,
+               pb.abs_weight / nullif(sum(pb.abs_weight) OVER (PARTITION BY pb.run), 0) AS weight_share
+        FROM per_bin pb JOIN runs x ON x.run = pb.run ORDER BY pb.run, pb.bin
+        """,
+        {"runs": list(runs), "first": first, "last": last, "bins": bins},
+    )
+
+
+def comparable_runs(table: pd.DataFrame, run: str) -> list[str]:
+    """The runs of `runs_table` whose held-out prompts are the same as `run`'s (same task and task seed), `run`
+    first: only then is a prompt id the same prompt, with the same reference solution, in every run."""
+
+    def key(row) -> tuple:
+        try:
+            config = json.loads(row["config"]) if isinstance(row["config"], str) else {}
+        except ValueError:
+            config = {}
+        return row["task"], config.get("task_seed") if isinstance(config, dict) else None
+
+    keys = {row["run"]: key(row) for _, row in table.iterrows()}
+    return [run] + [r for r in table["run"] if r != run and keys[r] == keys.get(run)]

@@ -137,9 +137,13 @@ page = st.navigation(
     [
         st.Page(PAGES_DIR / "runs.py", title="Runs", icon=":material/table_chart:", url_path="runs", default=True),
         st.Page(PAGES_DIR / "replay.py", title="Replay", icon=":material/replay:", url_path="replay"),
+        st.Page(PAGES_DIR / "token_trajectories.py", title="Token trajectories", icon=":material/timeline:",
+                url_path="trajectories"),
         st.Page(PAGES_DIR / "groups.py", title="Groups", icon=":material/view_column:", url_path="groups"),
         st.Page(PAGES_DIR / "token_inspector.py", title="Token inspector", icon=":material/text_fields:",
                 url_path="tokens"),
+        st.Page(PAGES_DIR / "token_stats.py", title="Token statistics", icon=":material/query_stats:",
+                url_path="token-stats"),
         st.Page(PAGES_DIR / "prm_steps.py", title="PRM steps", icon=":material/stairs:", url_path="prm"),
         st.Page(PAGES_DIR / "algorithm_weighting.py", title="Algorithm weighting", icon=":material/balance:",
                 url_path="weighting"),

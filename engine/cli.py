@@ -229,7 +229,7 @@ def run_runs(args: argparse.Namespace) -> int:
 def add_sql_command(subparsers) -> None:
     parser = subparsers.add_parser(
         "sql",
-        help="query a run with SQL (tables: runs, steps, rollouts, tokens, token_passes, prm_steps)",
+        help="query a run with SQL (tables: runs, steps, rollouts, tokens, token_passes, prm_steps, ref_tokens)",
         description="Run one SQL query on a run's tables, or, without a query, read statements ending in ';' "
         "from an interactive prompt (or from stdin). The tables hold this run only. Read-only: SELECT (WITH, "
         "DESCRIBE, SHOW, SUMMARIZE) and EXPLAIN SELECT, reading no file but the run's; --unsafe for a full shell.",
@@ -281,11 +281,13 @@ def _sql_prompt(reader, run: str, max_rows: int, shown: set[str]) -> int:
     (then exits with 2 if a statement failed, so scripts notice)."""
     import contextlib
 
+    from engine.runlog import ALL_TABLES
+
     interactive = sys.stdin.isatty()
     if interactive:
         with contextlib.suppress(ImportError):
             import readline  # noqa: F401  (line editing and history for input())
-        print(f"policylens sql: run {run!r}. Tables: runs, steps, rollouts, tokens, token_passes, prm_steps.")
+        print(f"policylens sql: run {run!r}. Tables: {', '.join(ALL_TABLES)}.")
         print("End statements with ';'.  .tables lists tables, .schema TABLE shows columns, .quit leaves.")
     failed = False
     buffer: list[str] = []
@@ -310,7 +312,7 @@ def _sql_prompt(reader, run: str, max_rows: int, shown: set[str]) -> int:
             if command in (".quit", ".exit"):
                 break
             if command == ".tables":
-                print("runs  steps  rollouts  tokens  token_passes  prm_steps")
+                print("  ".join(ALL_TABLES))
                 continue
             if command != ".schema":
                 print(f"unknown command {command}: try .tables, .schema TABLE or .quit", file=sys.stderr)

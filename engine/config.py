@@ -202,7 +202,8 @@ class TrainConfig:
     """Save model, optimizer and RNG state into the run folder every N steps (and when stopping). 0: only when
     stopping or finishing."""
     log_tokens: bool = True
-    """Log per-token rows (tokens, token_passes, prm_steps). Off: only steps and rollouts (for benchmarking)."""
+    """Log per-token rows (tokens, token_passes, prm_steps, ref_tokens). Off: only steps and rollouts (for
+    benchmarking)."""
 
     # ------------------------------------------------------------------ construction
 

@@ -456,3 +456,58 @@ def evaluate(policy, ref, tokenizer, task: Task, problems: list[Problem], cfg, s
         accuracy_greedy=sum(r.reward_correct for r in rollouts[:E]) / E,
         accuracy_sampled=sum(r.reward_correct for r in rollouts[E:]) / E,
     )
+
+
+# ----------------------------------------------------------------------------- reference solutions, teacher-forced
+
+
+@dataclass
+class ReferenceScores:
+    """The policy's log-prob and entropy of every token of each problem's reference solution (EOS included)."""
+
+    problems: list[Problem]
+    completion_ids: list[list[int]]
+    """Per problem: the tokens of the reference completion, then EOS."""
+    logp: torch.Tensor  # (E, T) zero after each completion's end
+    entropy: torch.Tensor  # (E, T) zero after each completion's end
+
+    def rows(self, task: Task, tt: TokenText) -> dict[str, list]:
+        """One `ref_tokens` row per reference token (engine.runlog), in problem then position order."""
+        cols: dict[str, list] = {k: [] for k in (
+            "prompt_id", "position", "token_id", "token_text", "logp", "entropy", "answer_class")}
+        logp, entropy = self.logp.cpu().tolist(), self.entropy.cpu().tolist()
+        for e, (problem, ids) in enumerate(zip(self.problems, self.completion_ids, strict=True)):
+            answer_class = task.answer_class(problem)
+            for t, token in enumerate(ids):
+                cols["prompt_id"].append(problem.prompt_id)
+                cols["position"].append(t)
+                cols["token_id"].append(token)
+                cols["token_text"].append(tt.token(token))
+                cols["logp"].append(logp[e][t])
+                cols["entropy"].append(entropy[e][t])
+                cols["answer_class"].append(answer_class)
+        return cols
+
+
+@torch.no_grad()
+def score_references(policy, tokenizer, task: Task, problems: list[Problem], temperature: float) -> ReferenceScores:
+    """Teacher-force each problem's reference solution through the policy: one batched forward, no sampling.
+
+    The sequences have the rollout layout `[left-padded prompt | solution + EOS | right padding]` and go through
+    `token_logprobs` at the training temperature, so a reference token's log-prob is exactly the old_logp it would
+    have had if the policy had sampled it.
+    """
+    device = next(policy.parameters()).device
+    prompts = [tokenizer(p.prompt).input_ids for p in problems]  # <bos> + prompt
+    completions = [[*tokenizer(task.solution_text(p), add_special_tokens=False).input_ids, tokenizer.eos_token_id]
+                   for p in problems]
+    P, T = max(map(len, prompts)), max(map(len, completions))
+    pad = tokenizer.pad_token_id
+    input_ids = torch.tensor([[pad] * (P - len(p)) + p + c + [pad] * (T - len(c))
+                              for p, c in zip(prompts, completions, strict=True)], device=device)  # (E, P + T)
+    attention_mask = torch.tensor([[0] * (P - len(p)) + [1] * (len(p) + len(c)) + [0] * (T - len(c))
+                                   for p, c in zip(prompts, completions, strict=True)], device=device)  # (E, P + T)
+    logp, entropy = token_logprobs(policy, input_ids, attention_mask, P, temperature)  # (E, T) each
+    token_mask = attention_mask[:, P:].float()  # (E, T)
+    return ReferenceScores(problems=list(problems), completion_ids=completions, logp=logp * token_mask,
+                           entropy=entropy * token_mask)

@@ -11,7 +11,8 @@ On-disk layout (``SCHEMA_VERSION`` 1)::
     <logs_dir>/<run>/writer-rank<R>.lock           held (flock) by the live writer of rank R: pid and host inside
     <logs_dir>/<run>/data/run=<run>/               the step data (``run=`` lets DuckDB skip other runs by path):
         step-<S>.rank<R>.s<W>/                     one finished step of one rank: <table>.parquet for each table
-                                                   that has rows (steps, rollouts, tokens, token_passes, prm_steps);
+                                                   that has rows (steps, rollouts, tokens, token_passes, prm_steps,
+                                                   ref_tokens);
                                                    W identifies the writer session (hex microseconds)
         chunk-<A>-<B>-<Q>.rank<R>/                 steps A..B of rank R merged into larger sorted files
                                                    (compaction; Q is a sequence number, the newest chunk wins)
@@ -160,6 +161,11 @@ TABLE_SCHEMAS: dict[str, pa.Schema] = {
         [("run", _S), ("step", _I), ("rollout_id", _I), ("step_index", _I), ("first_pos", _I), ("last_pos", _I),
          ("text", _S), ("reward_raw", _F), ("reward_norm", _F)]
     ),
+    # the held-out prompts' reference solutions scored by the policy (teacher-forced) at each evaluation
+    "ref_tokens": pa.schema(
+        [("run", _S), ("step", _I), ("prompt_id", _I), ("position", _I), ("token_id", _I), ("token_text", _S),
+         ("logp", _F), ("entropy", _F), ("answer_class", _S)]
+    ),
 }
 DATA_TABLES = tuple(TABLE_SCHEMAS)
 ALL_TABLES = ("runs", *DATA_TABLES)
@@ -172,6 +178,7 @@ _SORT_KEYS = {
     "tokens": ["step", "rollout_id", "position"],
     "token_passes": ["step", "rollout_id", "pass", "position"],
     "prm_steps": ["step", "rollout_id", "step_index"],
+    "ref_tokens": ["step", "prompt_id", "position"],
 }
 _ROW_GROUP_ROWS = 32_768
 
@@ -727,6 +734,7 @@ class RunWriter:
         tokens: Any = None,
         token_passes: Any = None,
         prm_steps: Any = None,
+        ref_tokens: Any = None,
         *,
         wall_time: float | None = None,
     ) -> None:
@@ -753,6 +761,7 @@ class RunWriter:
             "tokens": _to_arrow("tokens", tokens, self.name, step),
             "token_passes": _to_arrow("token_passes", token_passes, self.name, step),
             "prm_steps": _to_arrow("prm_steps", prm_steps, self.name, step),
+            "ref_tokens": _to_arrow("ref_tokens", ref_tokens, self.name, step),
         }
         if metrics is not None or self.rank == 0:
             metrics = dict(metrics or {})
@@ -871,7 +880,8 @@ _MERGE_FAN_IN = 8
 _DELETE_GRACE_SECONDS = 1.0
 # Strings and small integer keys repeat a lot; floats (log-probs, ratios) almost never do, and trying a
 # dictionary for them first costs time and bytes.
-_DICTIONARY_COLUMNS = ["run", "step", "kind", "filter_reason", "token_text", "pass", "clip", "prompt", "answer"]
+_DICTIONARY_COLUMNS = ["run", "step", "kind", "filter_reason", "token_text", "pass", "clip", "prompt", "answer",
+                       "answer_class"]
 
 
 def _write_parquet(arrow: pa.Table, path: Path) -> None:
@@ -1031,7 +1041,7 @@ _RUNS_OVERVIEW_SQL = """
 
 class RunReader:
     """Read-only SQL over runs: an in-memory DuckDB connection with the views runs, steps, rollouts, tokens,
-    token_passes and prm_steps over the Parquet files of all runs (or only of `runs`).
+    token_passes, prm_steps and ref_tokens over the Parquet files of all runs (or only of `runs`).
 
     Never blocks a writer (it only probes a writer's lock for a few microseconds to tell a crashed run from a
     running one). The views are a snapshot of the files at the last `refresh()`;

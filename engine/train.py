@@ -254,6 +254,15 @@ def train(cfg: TrainConfig, run_name: str, logs_dir: str | Path = "logs", *, res
         return evaluate(policy, ref if need_ref else None, tokenizer, task, eval_problems, cfg,
                         seed=1_000_003 * (step + 1) + cfg.seed, tt=tt)
 
+    def reference_rows() -> dict | None:
+        # The held-out reference solutions, teacher-forced: how likely the policy finds each right token (one
+        # forward), so the dashboard can follow a token's probability over training.
+        from engine.rollout import score_references
+
+        if not cfg.log_tokens:
+            return None
+        return score_references(policy, tokenizer, task, eval_problems, cfg.temperature).rows(task, tt)
+
     status = "crashed"
     bar = tqdm(total=cfg.steps, initial=start - 1, disable=not progress, desc=run_name, unit="step")
     heldout = float("nan")
@@ -266,7 +275,7 @@ def train(cfg: TrainConfig, run_name: str, logs_dir: str | Path = "logs", *, res
                 rollouts, tokens, prm = eval_tables(ev, 0, 0, tt, cfg.log_tokens)
                 writer.log_step(0, metrics={"heldout_accuracy": heldout,
                                             "heldout_accuracy_sampled": ev.accuracy_sampled},
-                                rollouts=rollouts, tokens=tokens, prm_steps=prm)
+                                rollouts=rollouts, tokens=tokens, prm_steps=prm, ref_tokens=reference_rows())
             last, final = start - 1, False
             t_train = time.monotonic()
             for step in range(start, cfg.steps + 1):
@@ -281,16 +290,17 @@ def train(cfg: TrainConfig, run_name: str, logs_dir: str | Path = "logs", *, res
                 # ---------------------------------------------------------- evaluate
                 out_of_time = bool(cfg.time_limit_minutes) and time.monotonic() - t_train >= 60 * cfg.time_limit_minutes
                 final = step == cfg.steps or out_of_time
-                ev = None
+                ev = ref_rows = None
                 if cfg.eval_every and (step % cfg.eval_every == 0 or final):
                     ev = run_eval(step)
+                    ref_rows = reference_rows()
                     heldout = ev.accuracy_greedy
 
                 # ---------------------------------------------------------- log
                 metrics = step_metrics(batch, records, ev, cfg)
                 tables = step_tables(batch, records, ev, cfg, tt)
                 metrics["step_seconds"] = time.perf_counter() - t0
-                writer.log_step(step, metrics=metrics, **tables)
+                writer.log_step(step, metrics=metrics, ref_tokens=ref_rows, **tables)
 
                 last = step
                 if cfg.checkpoint_every and step % cfg.checkpoint_every == 0:

@@ -32,6 +32,9 @@ PAGES = {  # file name -> (url path, extra query parameters)
     "token_inspector": ("tokens", {"channel": "ratio"}),
     "prm_steps": ("prm", {}),
     "algorithm_weighting": ("weighting", {}),
+    # every run on the same held-out prompt (by default one with a negative answer: the minus sign's story)
+    "token_trajectories": ("trajectories", {}),
+    "token_stats": ("token-stats", {}),
 }
 
 

@@ -500,7 +500,8 @@ def test_export_round_trip(tmp_path):
     out = r.export(tmp_path / "a.duckdb")
     con = duckdb.connect(str(out), read_only=True)
     kinds = dict(con.execute("SELECT table_name, table_type FROM information_schema.tables").fetchall())
-    assert kinds == {t: "BASE TABLE" for t in ["runs", "steps", "rollouts", "tokens", "token_passes", "prm_steps"]}
+    assert kinds == {t: "BASE TABLE" for t in ["runs", "steps", "rollouts", "tokens", "token_passes", "prm_steps",
+                                               "ref_tokens"]}
     for table in kinds:
         exported = con.execute(f"SELECT * FROM {table} ORDER BY ALL").df()
         live = r.sql(f"SELECT * FROM {table} ORDER BY ALL")

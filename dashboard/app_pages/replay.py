@@ -77,6 +77,8 @@ def follow_eval_prompt(step: int) -> None:
     prompt_id = st.selectbox("Eval prompt", ids, key="eval_prompt",
                              format_func=lambda i: f"{i}: {common.plain(text[i])}")
     common.set_url_value("prompt", prompt_id)
+    st.page_link("app_pages/token_trajectories.py", label="p(token) of this prompt's reference solution over training",
+                 icon=":material/timeline:", query_params={"run": run, "prompt": prompt_id, "at": step})
     across_steps, across_runs = st.columns(2)
     history = common.load("the eval history", queries.eval_prompt_history, logs, run, prompt_id, selection.version)
     across_steps.markdown(f"**{common.md(run)}, step by step** (this step marked ▶)")

@@ -61,6 +61,15 @@ class StepScore:
     """STEP_PROGRESS, STEP_NO_PROGRESS or STEP_WRONG."""
 
 
+SIGN_CLASSES = ("negative", "non-negative")
+"""Answer classes of tasks whose answer is an integer: the warm start drops most negative answers' minus sign."""
+
+
+def sign_class(answer: str) -> str:
+    """`negative` for an integer answer below 0 (`-12`), else `non-negative` (`0`, `7`)."""
+    return SIGN_CLASSES[0] if int(answer) < 0 else SIGN_CLASSES[1]
+
+
 def split_lines(completion: str) -> list[tuple[int, int, str]]:
     """(start, end, text) of every non-empty line of `completion` (whitespace-only lines are skipped)."""
     out = []
@@ -92,6 +101,8 @@ class Task:
     start leaves held-out greedy accuracy around 20-60%."""
     train: list[Problem] = field(init=False, default_factory=list)
     heldout: list[Problem] = field(init=False, default_factory=list)
+    answer_classes: tuple[str, ...] = field(init=False, default=())
+    """The labels `answer_class` returns, in the order charts show them."""
 
     # ---------------------------------------------------------------- the public interface
 
@@ -131,6 +142,11 @@ class Task:
 
     def answer_line(self, problem: Problem) -> str:
         """The exact text of a correct final line."""
+        raise NotImplementedError
+
+    def answer_class(self, problem: Problem) -> str:
+        """The class of the problem's answer (one of `answer_classes`): held-out scores are split by it, so a
+        habit that fails one kind of answer (the warm start's dropped minus sign) shows as its own curve."""
         raise NotImplementedError
 
     def alphabet(self) -> str:

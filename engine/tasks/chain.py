@@ -34,7 +34,7 @@ import random
 from dataclasses import dataclass
 
 from engine.tasks.algebra import parse_expression
-from engine.tasks.base import Problem, Task
+from engine.tasks.base import SIGN_CLASSES, Problem, Task, sign_class
 
 MIN_OPS, MAX_OPS = 1, 8
 MAX_ABS = 99
@@ -95,11 +95,16 @@ class ChainTask(Task):
         held = [draw(i, MIN_OPS + i % span) for i in range(self.n_heldout)]
         train = [draw(i, rng.randint(MIN_OPS, MAX_OPS)) for i in range(self.n_train)]
         self._finish(held, train)
+        self.answer_classes = SIGN_CLASSES
         # Longer completions than `linear`, so more warm-start steps (see SFT numbers in engine.policy).
         self.sft_steps = 1500
 
     def answer_line(self, problem: Problem) -> str:
         return problem.answer
+
+    def answer_class(self, problem: Problem) -> str:
+        """`negative` or `non-negative` value of the chain (the warm start's sign slip hits negative results)."""
+        return sign_class(problem.answer)
 
     def _initial_complexity(self, problem: Problem) -> tuple[int, ...]:
         return (parse_expression(problem.prompt.strip(), allow_x=False).ops,)

@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from fractions import Fraction
 
 from engine.tasks.algebra import parse_equation
-from engine.tasks.base import Problem, Task
+from engine.tasks.base import SIGN_CLASSES, Problem, Task, sign_class
 
 VALUES = list(range(-9, 10))
 NONZERO = [v for v in VALUES if v != 0]
@@ -70,10 +70,16 @@ class LinearTask(Task):
         rest = pairs[n_heldout:][: self.n_train]
         train = [make_problem(i, *k, f) for i, (k, f) in enumerate(rest)]
         self._finish(held, train)
+        self.answer_classes = SIGN_CLASSES
         self.sft_steps = 1000
 
     def answer_line(self, problem: Problem) -> str:
         return f"x={problem.answer}"
+
+    def answer_class(self, problem: Problem) -> str:
+        """`negative` or `non-negative` solution x: the warm start writes most negative solutions without their minus
+        sign (`x=3` for `x=-3`), so the negative class is where RL has a habit to unlearn."""
+        return sign_class(problem.answer)
 
     def _initial_complexity(self, problem: Problem) -> tuple[int, ...]:
         return parse_equation(problem.prompt.strip()).complexity()

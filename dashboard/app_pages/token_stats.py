@@ -1,0 +1,90 @@
+"""Token statistics: which tokens get clipped or carry the gradient over a range of steps, per token text (and
+position), and by entropy quantile within their response (ASPO's entropy-dependent clip)."""
+
+from __future__ import annotations
+
+from urllib.parse import urlencode
+
+import streamlit as st
+
+from dashboard import charts, common, queries
+
+BUCKETS = {"no position split": 0, "4 positions": 4, "8 positions": 8, "16 positions": 16, "32 positions": 32}
+ENTROPY_BINS = 10
+MAX_RUNS = 6
+
+selection = common.require_selection()
+logs, run, steps = selection.logs_dir, selection.run, list(selection.steps)
+st.header("Token statistics")
+
+left, right = st.columns([3, 2])
+if len(steps) > 1:
+    first, last = left.select_slider("Steps", steps, value=(steps[0], steps[-1]), key="stats_steps")
+else:
+    first = last = steps[0]
+bucket_name = right.selectbox("Split by position", list(BUCKETS), key="stats_bucket")
+bucket = BUCKETS[bucket_name]
+
+# ---- per token text
+stats = common.load("the token statistics", queries.token_stats, logs, run, first, last, bucket, selection.version)
+if stats.empty:
+    st.info(f"Run {common.md(run)} logged no train tokens in steps {first}..{last} (per-token logging off, or only "
+            "evaluations in that range).")
+    st.stop()
+if not bucket:
+    stats = stats.drop(columns=["position_from"])
+min_count = st.number_input("Hide tokens seen fewer times than", 1, value=1, key="stats_min_count")
+shown = stats[stats["count"] >= min_count].reset_index(drop=True)
+st.caption(f"{len(shown)} of {len(stats)} token texts in steps {first}..{last} of {common.md(run)} (train tokens). "
+           "Clip rates, |gradient weight| and |ratio − 1| are per token and optimisation pass. Click a column to "
+           "sort, a row to list the rollouts that hold the token.")
+rate = st.column_config.NumberColumn(format="%.3f")
+picked = st.dataframe(
+    shown.assign(token_text=shown["token_text"].map(charts.token_as_text)), hide_index=True, key="stats_table",
+    on_select="rerun", selection_mode="single-row",
+    column_config={
+        "token_text": st.column_config.TextColumn("token"), "position_from": "from position",
+        "advantage_mean": st.column_config.NumberColumn("mean advantage", format="%.3f"),
+        "clip_low_rate": st.column_config.NumberColumn("clip low", format="%.3f"),
+        "clip_high_rate": st.column_config.NumberColumn("clip high", format="%.3f"),
+        "clip_dual_rate": st.column_config.NumberColumn("clip dual", format="%.3f"),
+        "abs_grad_weight_mean": st.column_config.NumberColumn("mean |grad weight|", format="%.4f"),
+        "ratio_deviation_mean": st.column_config.NumberColumn("mean |ratio − 1|", format="%.4f"),
+        "entropy_mean": st.column_config.NumberColumn("mean entropy", format="%.3f"),
+    },
+)
+rows = picked.selection.rows if picked is not None else []
+if rows and rows[0] < len(shown):
+    token = shown.iloc[rows[0]]
+    where = f" at positions {int(token['position_from'])}..{int(token['position_from']) + bucket - 1}" if bucket \
+        else ""
+    holders = common.load("the rollouts with this token", queries.rollouts_with_token, logs, run, first, last,
+                          str(token["token_text"]), bucket, int(token["position_from"]) if bucket else None)
+    st.markdown(f"**Rollouts holding token {common.md(charts.token_as_text(token['token_text']))}{common.md(where)}** "
+                f"({len(holders)}{'+' if len(holders) >= 500 else ''})")
+    holders = holders.assign(inspect=[
+        "tokens?" + urlencode({"run": run, "step": int(s), "rollout": int(r)})
+        for s, r in zip(holders["step"], holders["rollout_id"], strict=True)])
+    st.dataframe(holders, hide_index=True, key="stats_holders", column_config={
+        "inspect": st.column_config.LinkColumn("token inspector", display_text="open"),
+        "completion": st.column_config.TextColumn("completion"),
+    })
+
+# ---- by entropy quantile, per run
+st.subheader("By entropy within the response")
+table = common.load("the runs", queries.runs_table, logs)
+candidates = queries.comparable_runs(table, run)
+st.session_state["stats_runs"] = [r for r in st.session_state.get("stats_runs", candidates[:MAX_RUNS])
+                                  if r in candidates] or [run]
+compared = st.multiselect("Runs", candidates, key="stats_runs", max_selections=MAX_RUNS)
+if compared:
+    bins = common.load("the entropy bins", queries.entropy_bins, logs, tuple(compared), first, last, ENTROPY_BINS,
+                       queries.live_signature(logs))
+    st.caption(
+        f"Each train token is placed by its entropy (at sampling) among the quantiles of its own response's token "
+        f"entropies, in {ENTROPY_BINS} bins. Left: how often tokens of each bin were clipped; right: the bin's share "
+        "of the run's total |gradient weight| over the chosen steps. Dashed: ASPO's split at the response's 80th "
+        "entropy percentile (clip range 0.4 above it, 0.2 below), the same top 20% of high-entropy 'forking' "
+        "tokens that arXiv 2506.01939 finds carry the learning.")
+    st.plotly_chart(charts.entropy_bin_bars(bins, ENTROPY_BINS, queries.ASPO_ENTROPY_QUANTILE), key="stats_entropy")
+    st.dataframe(bins, hide_index=True, key="stats_entropy_table")
