@@ -342,7 +342,7 @@ def test_token_statistics_page_lists_tokens_and_their_rollouts(tiny_run, monkeyp
 
 def test_logged_strings_reach_the_new_views_as_text_only(tmp_path, monkeypatch):
     """Token texts, answer classes and algorithm names with markup in them are drawn escaped and tabled as text."""
-    from dashboard.synthetic import HOSTILE_TOKEN, synthetic_step
+    from synthetic_runs import HOSTILE_TOKEN, synthetic_step
     from test_dashboard import dataframe, open_page, plotly_spec
 
     from dashboard.charts import token_as_text
@@ -390,7 +390,7 @@ def test_logged_strings_reach_the_new_views_as_text_only(tmp_path, monkeypatch):
 
 def test_token_statistics_page_follows_a_change_of_run(tiny_run, tmp_path, monkeypatch):
     """A step range chosen on one run is dropped, not an error, when the sidebar picks a run without those steps."""
-    from dashboard.synthetic import write_synthetic_run
+    from synthetic_runs import write_synthetic_run
     from test_dashboard import dataframe, open_page
 
     logs_dir, run = tiny_run
