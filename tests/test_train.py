@@ -13,7 +13,7 @@ import torch
 from conftest import TINY
 
 from engine.objectives import ALGORITHMS, defaults
-from engine.runlog import RunReader
+from engine.runlog import RunReader, list_runs
 
 pytestmark = pytest.mark.slow
 
@@ -253,8 +253,6 @@ def train_process(logs_dir, warm_cache, name, *flags, before=""):
 
 
 def last_logged_step(logs_dir, run) -> int | None:
-    from engine.runlog import list_runs
-
     return next((r["last_step"] for r in list_runs(logs_dir) if r["run"] == run), None)
 
 
@@ -372,39 +370,36 @@ def test_dynamic_sampling_logs_dropped_groups(tmp_path, run_tiny):
 
 def test_ctrl_c_stops_after_the_step_and_the_run_resumes(tmp_path, warm_cache, run_tiny):
     import signal
-    import subprocess
-    import sys
-    import time
 
-    from engine.runlog import list_runs
+    from waits import wait_until
 
-    cmd = [sys.executable, "-m", "engine.cli", "train", "--logs-dir", str(tmp_path), "--run-name", "sig",
-           "--cache-dir", str(warm_cache), "--no-progress", "--steps", "200", "--checkpoint-every", "0"]
-    for key, value in TINY.items():
-        if key != "checkpoint_every":
-            cmd += ["--" + key.replace("_", "-"), str(value)]
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc = train_process(tmp_path, warm_cache, "sig", "--checkpoint-every", "0")
     try:
-        deadline = time.monotonic() + 120
-        while time.monotonic() < deadline:
-            runs = [r for r in list_runs(tmp_path) if r["run"] == "sig"]
-            if runs and (runs[0]["last_step"] or 0) >= 1:
-                break
+        def progress():
+            return last_logged_step(tmp_path, "sig")
+
+        def has_a_step():
             assert proc.poll() is None, proc.communicate()
-            time.sleep(0.2)
+            return (progress() or 0) >= 1
+
+        wait_until(has_a_step, "a first training step", progress)
         proc.send_signal(signal.SIGINT)
-        out, err = proc.communicate(timeout=120)
+        wait_until(lambda: proc.poll() is not None, "the run to stop after its step", progress)
+        out, err = proc.communicate()
     finally:
         proc.kill()
     assert proc.returncode == 0, err
     assert "stopped" in out
     run = next(r for r in list_runs(tmp_path) if r["run"] == "sig")
-    assert run["status"] == "stopped" and 1 <= run["last_step"] < 200
-    # a checkpoint was written on the way out, so the run continues with the next step number
+    assert run["status"] == "stopped" and 1 <= run["last_step"] < 40
+    # a checkpoint was written on the way out (none before: --checkpoint-every 0), so the run continues with the
+    # next step number and keeps the steps it logged
     last = run["last_step"]
-    assert run_tiny(tmp_path, "sig", resume=True, steps=last + 1) == "finished"
-    steps = read(tmp_path, "sig", "SELECT step FROM steps WHERE run = RUN ORDER BY step").step.tolist()
-    assert steps[-2:] == [last, last + 1] and len(steps) == len(set(steps))
+    before = steps_and_times(tmp_path, "sig")
+    assert run_tiny(tmp_path, "sig", resume=True, steps=last + 1, **KILLED) == "finished"
+    after = steps_and_times(tmp_path, "sig")
+    assert after.step.tolist() == list(range(last + 2))
+    assert after.wall_time.iloc[:-1].tolist() == before.wall_time.tolist()
 
 
 def test_time_limit_finishes_after_the_step_that_crosses_it(tmp_path, run_tiny):
