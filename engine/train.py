@@ -31,6 +31,7 @@ import os
 import random
 import re
 import signal
+import sys
 import threading
 import time
 from dataclasses import dataclass
@@ -464,9 +465,9 @@ def train(cfg: TrainConfig, run_name: str, logs_dir: str | Path = "logs", *, res
 
     `cache_dir` holds the warm-started models (default `<logs_dir>/.cache`). On resume, `cfg` is the run's saved
     config (with any overrides, e.g. more steps) and training continues after the newest checkpoint whose step is
-    logged, or from the warm start when there is none (see checkpoint_for_resume). When the warm
-    start is not cached yet it trains on `warm_start_threads` threads (None: `num_threads`; 0: one per core, at most
-    4) and reports its SFT progress into the JSON file `warm_start_progress` (engine.policy.sft_progress_reporter).
+    logged, or from the warm start when there is none (see checkpoint_for_resume). When the warm start is not
+    cached yet it trains on `warm_start_threads` threads (None: `num_threads`; 0: one per core, at most 4) and
+    reports its SFT progress into the JSON file `warm_start_progress` (engine.policy.sft_progress_reporter).
     """
     from tqdm import tqdm
 
@@ -507,7 +508,13 @@ def train(cfg: TrainConfig, run_name: str, logs_dir: str | Path = "logs", *, res
         ckpt = checkpoint_for_resume(writer.run_dir, writer.last_step)
         # The log never runs ahead of the state it continues from: steps logged after the checkpoint (the step
         # in flight when the run was killed) are deleted and trained again; no checkpoint: from the warm start.
+        logged = writer.last_step
         writer.discard_after(ckpt["step"] if ckpt is not None else -1)
+        tqdm.write(f"{run_name}: resuming after step {ckpt['step']}" if ckpt is not None else
+                   f"{run_name}: no checkpoint, resuming from the warm start", file=sys.stderr)
+        if logged is not None and (ckpt is None or logged > ckpt["step"]):
+            tqdm.write(f"{run_name}: logged steps after it deleted, to be trained again: up to step {logged}",
+                       file=sys.stderr)
         if ckpt is not None:
             policy.load_state_dict(ckpt["model"])
             optimizer.load_state_dict(ckpt["optimizer"])
