@@ -710,7 +710,8 @@ class RunWriter:
         if self.last_step is not None and step <= self.last_step:
             raise RunLogError(
                 f"run {self.name!r} rank {self.rank}: step {step} is not after the last logged step {self.last_step}; "
-                f"to log steps again from a checkpoint use RunWriter.discard_after(<checkpoint step>) first"
+                f"to log steps again from a checkpoint, open the writer with RunWriter.resume(..., "
+                f"truncate_after=<checkpoint step>) or call discard_after(<checkpoint step>) first"
             )
         now = time.time()
         tables = {
