@@ -216,6 +216,22 @@ def test_same_config_same_numbers_and_resume_continues_identically(tmp_path, run
     assert read(tmp_path, "halves", "SELECT status FROM runs WHERE run = RUN").status[0] == "finished"
 
 
+def test_a_run_with_the_former_single_checkpoint_file_resumes_from_it(tmp_path, run_tiny):
+    """Runs logged before per-step checkpoints kept one `checkpoints/latest.pt`: resume continues from it instead
+    of discarding their steps."""
+    from engine.train import LEGACY_CHECKPOINT_FILE, checkpoint_steps
+
+    assert run_tiny(tmp_path, "old", steps=2, checkpoint_every=1, **KILLED) == "finished"
+    found = checkpoint_steps(tmp_path / "old")
+    assert sorted(found) == [1, 2]  # the newest two are kept
+    found[2].rename(found[2].with_name(LEGACY_CHECKPOINT_FILE))
+    found[1].unlink()
+    before = steps_and_times(tmp_path, "old")
+    assert run_tiny(tmp_path, "old", resume=True, steps=3, **KILLED) == "finished"
+    after = steps_and_times(tmp_path, "old")
+    assert after.step.tolist() == [0, 1, 2, 3] and after.wall_time.iloc[:3].tolist() == before.wall_time.tolist()
+
+
 def test_resume_of_a_missing_run_is_a_clear_error(tmp_path, run_tiny):
     from engine.runlog import RunLogError
 
