@@ -113,7 +113,10 @@ def run_train(args: argparse.Namespace) -> int:
             run_json = Path(args.logs_dir) / args.resume / "run.json"
             if not run_json.is_file():
                 return _fail("train", f"no run {args.resume!r} in {args.logs_dir} (no {run_json.name})")
-            saved = json.loads(run_json.read_text())["config"]
+            try:
+                saved = json.loads(run_json.read_text())["config"]
+            except (OSError, ValueError, KeyError, TypeError) as err:
+                return _fail("train", f"cannot resume {args.resume!r}: {run_json} is unreadable ({err!r})")
             given = {f.name: getattr(args, f.name) for f in knob_fields() if getattr(args, f.name) is not None}
             fixed = sorted(k for k in given if k not in RESUME_OVERRIDABLE and given[k] != saved.get(k))
             if fixed or args.config:

@@ -137,13 +137,15 @@ def _tiny_flags(steps: int = 1) -> list[str]:
     (["--resume", ""], r"invalid run name '': a run name is"),
     (["--resume", "../outside"], r"invalid run name '\.\./outside'"),
     (["--run-name", "taken"], r"run 'taken' already exists in .*; pick another name or resume it"),
+    (["--resume", "taken", "--run-name", "other"], r"--run-name 'other' with --resume 'taken': a resumed run keeps"),
+    (["--resume", "damaged"], r"cannot resume 'damaged': .*run.json is unreadable"),
     (["--run-name", "ok", "--threads", "-1"], r"--threads must be >= 0 \(0: automatic\), got -1"),
     (["--run-name", "ok", "--warm-start-threads", "-2"], r"--warm-start-threads must be >= 0"),
     (["--run-name", "ok", "--warm-start-progress", "{tmp}/missing/p.json"], r"give a file in an existing folder"),
     (["--run-name", "ok", "--cache-dir", "{tmp}/a-file"], r"--cache-dir .*a-file is a file, not a folder"),
     (["--run-name", "ok", "--logs-dir", "{tmp}/a-file"], r"--logs-dir .*a-file is a file, not a folder"),
-], ids=["bad-name", "empty-name", "empty-resume", "resume-outside", "existing-name", "threads", "warm-threads",
-        "progress-folder", "cache-file", "logs-file"])
+], ids=["bad-name", "empty-name", "empty-resume", "resume-outside", "existing-name", "renamed-resume",
+        "damaged-resume", "threads", "warm-threads", "progress-folder", "cache-file", "logs-file"])
 def test_train_rejects_bad_arguments_before_the_warm_start(tmp_path, monkeypatch, capsys, args, message):
     """Each of these used to be noticed only after the warm start (minutes on the default model), silently ignored
     ('' as no name), or read a run outside the logs folder. Now: exit code 2, one clear line, nothing trained,
@@ -155,6 +157,8 @@ def test_train_rejects_bad_arguments_before_the_warm_start(tmp_path, monkeypatch
     monkeypatch.delenv("OMP_WAIT_POLICY", raising=False)  # the CLI sets it for its process
     logs, cache = tmp_path / "logs", tmp_path / "cache"
     RunWriter.create(logs, "taken", config={}).close()
+    (logs / "damaged").mkdir()
+    (logs / "damaged" / "run.json").write_text('{"config": ')  # cut short
     (tmp_path / "a-file").write_text("not a folder")
     # a run folder outside the logs folder, which `--resume ../outside` must not read
     outside = tmp_path / "outside"
