@@ -341,10 +341,14 @@ def checkpoint_steps(run_dir: Path) -> dict[int, Path]:
     return found
 
 
-def save_checkpoint(run_dir: Path, step: int, policy, optimizer, sampler: PromptSampler, update_gen,
-                    keep_from: int | None = None) -> Path:
-    """Model, optimizer and every RNG state after `step`, written to a temporary name and renamed into place;
-    then the checkpoints of steps before `keep_from` are deleted (None: keep them)."""
+def delete_checkpoints_before(run_dir: Path, step: int) -> None:
+    for old_step, old in checkpoint_steps(run_dir).items():
+        if old_step < step:
+            old.unlink(missing_ok=True)
+
+
+def save_checkpoint(run_dir: Path, step: int, policy, optimizer, sampler: PromptSampler, update_gen) -> Path:
+    """Model, optimizer and every RNG state after `step`, written to a temporary name and renamed into place."""
     ckpt_dir = Path(run_dir) / CHECKPOINT_DIR
     ckpt_dir.mkdir(parents=True, exist_ok=True)
     state = {
@@ -361,10 +365,6 @@ def save_checkpoint(run_dir: Path, step: int, policy, optimizer, sampler: Prompt
     tmp = ckpt_dir / f".tmp-{path.name}"
     torch.save(state, tmp)
     os.replace(tmp, path)
-    if keep_from is not None:
-        for old_step, old in checkpoint_steps(run_dir).items():
-            if old_step < keep_from:
-                old.unlink(missing_ok=True)
     return path
 
 
@@ -536,7 +536,9 @@ def train(cfg: TrainConfig, run_name: str, logs_dir: str | Path = "logs", *, res
         # Written while the step's log is encoded on the writer thread; the previous checkpoint stays until this
         # one is complete (see checkpoint_for_resume).
         nonlocal saved
-        save_checkpoint(run_dir, step, policy, optimizer, sampler, update_gen, keep_from=saved)
+        save_checkpoint(run_dir, step, policy, optimizer, sampler, update_gen)
+        if saved is not None:
+            delete_checkpoints_before(run_dir, saved)
         saved = step
 
     def run_eval(step: int) -> EvalResult:
@@ -602,4 +604,6 @@ def train(cfg: TrainConfig, run_name: str, logs_dir: str | Path = "logs", *, res
     finally:
         bar.close()
         writer.close(status=status)
+    if saved is not None:  # every step is on disk now: only the newest checkpoint is needed
+        delete_checkpoints_before(run_dir, saved)
     return status
