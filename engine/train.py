@@ -368,6 +368,18 @@ def save_checkpoint(run_dir: Path, step: int, policy, optimizer, sampler: Prompt
     return path
 
 
+def restore_checkpoint(ckpt: dict, policy, optimizer, sampler: PromptSampler, update_gen) -> None:
+    """The inverse of save_checkpoint: the state after `ckpt["step"]`, RNGs included."""
+    policy.load_state_dict(ckpt["model"])
+    optimizer.load_state_dict(ckpt["optimizer"])
+    sampler.load_state_dict(ckpt["sampler"])
+    update_gen.set_state(ckpt["update_rng"])
+    torch.set_rng_state(ckpt["torch_rng"])
+    if ckpt["cuda_rng"] is not None and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(ckpt["cuda_rng"])
+    random.setstate(ckpt["python_rng"])
+
+
 def checkpoint_for_resume(run_dir: Path, last_logged: int | None) -> dict | None:
     """The newest checkpoint whose step is logged (`last_logged`, None: no step), or None (continue from the warm
     start). Checkpoints of steps never logged, and temporaries of a killed save, are deleted."""
@@ -508,23 +520,14 @@ def train(cfg: TrainConfig, run_name: str, logs_dir: str | Path = "logs", *, res
         ckpt = checkpoint_for_resume(writer.run_dir, writer.last_step)
         # The log never runs ahead of the state it continues from: steps logged after the checkpoint (the step
         # in flight when the run was killed) are deleted and trained again; no checkpoint: from the warm start.
-        logged = writer.last_step
-        writer.discard_after(ckpt["step"] if ckpt is not None else -1)
-        tqdm.write(f"{run_name}: resuming after step {ckpt['step']}" if ckpt is not None else
-                   f"{run_name}: no checkpoint, resuming from the warm start", file=sys.stderr)
-        if logged is not None and (ckpt is None or logged > ckpt["step"]):
-            tqdm.write(f"{run_name}: logged steps after it deleted, to be trained again: up to step {logged}",
-                       file=sys.stderr)
-        if ckpt is not None:
-            policy.load_state_dict(ckpt["model"])
-            optimizer.load_state_dict(ckpt["optimizer"])
-            sampler.load_state_dict(ckpt["sampler"])
-            update_gen.set_state(ckpt["update_rng"])
-            torch.set_rng_state(ckpt["torch_rng"])
-            if ckpt["cuda_rng"] is not None and torch.cuda.is_available():
-                torch.cuda.set_rng_state_all(ckpt["cuda_rng"])
-            random.setstate(ckpt["python_rng"])
         start = ckpt["step"] + 1 if ckpt is not None else 1
+        logged = writer.last_step
+        writer.discard_after(start - 1)
+        redo = f"; logged steps {start} to {logged} are trained again" if logged is not None and logged >= start else ""
+        tqdm.write(f"{run_name}: resuming after step {start - 1}{redo}" if ckpt is not None else
+                   f"{run_name}: no checkpoint, resuming from the warm start{redo}", file=sys.stderr)
+        if ckpt is not None:
+            restore_checkpoint(ckpt, policy, optimizer, sampler, update_gen)
     else:
         writer = RunWriter.create(logs_dir, run_name, algorithm=cfg.algo, task=cfg.task, config=cfg.to_dict(),
                                   model=model_desc)
