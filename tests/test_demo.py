@@ -128,4 +128,8 @@ def test_demo_command_with_runs_present_only_serves_the_dashboard_and_stops_on_s
             server.kill()
     assert "training the demo" not in server.stdout.read()
     with socket.socket() as s:
-        s.bind(("127.0.0.1", port))  # the port is free again: no orphaned server
+        # The port is free again: no orphaned server. SO_REUSEADDR ignores the closed connections the server leaves
+        # in TIME_WAIT (they made this bind fail now and then), while a socket still listening there would still
+        # make it fail (Linux).
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        s.bind(("127.0.0.1", port))

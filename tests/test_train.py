@@ -333,8 +333,8 @@ def test_a_killed_run_resumes_losing_at_most_the_step_in_flight(tmp_path, warm_c
                                                                 checkpoint_every):
     """SIGKILL while training, at no chosen moment. With the default (a checkpoint every step) the resumed run keeps
     every logged step but at most the last (whose checkpoint may not have been complete) and goes on; a run killed
-    before it had any checkpoint starts again from the warm start (keeping step 0, the warm start's evaluation). Either way the finished run has each step once,
-    with the numbers of a run never killed."""
+    before it had any checkpoint starts again from the warm start (keeping step 0, the warm start's evaluation).
+    Either way the finished run has each step once, with the numbers of a run never killed."""
     flags = () if checkpoint_every is None else ("--checkpoint-every", str(checkpoint_every))
     proc = train_process(tmp_path, warm_cache, "killed", *flags)
     kill_when(proc, lambda: (last_logged_step(tmp_path, "killed") or 0) >= 3, "step 3 to be logged")
