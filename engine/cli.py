@@ -62,17 +62,61 @@ def add_train_command(subparsers) -> None:
     parser.set_defaults(func=run_train)
 
 
+def _check_local_paths(args: argparse.Namespace) -> str | None:
+    """What is wrong with the thread counts and paths train/warmstart were given (None: nothing), so that bad
+    input fails at once instead of after the warm start."""
+    for flag in ("threads", "warm_start_threads"):
+        value = getattr(args, flag, None)
+        if value is not None and value < 0:
+            return f"--{flag.replace('_', '-')} must be >= 0 (0: automatic), got {value}"
+    for flag in ("logs_dir", "cache_dir"):
+        value = getattr(args, flag, None)
+        if value is not None and Path(value).exists() and not Path(value).is_dir():
+            return f"--{flag.replace('_', '-')} {value} is a file, not a folder"
+    for flag in ("warm_start_progress", "progress_file"):
+        value = getattr(args, flag, None)
+        if value is not None and (not Path(value).name or not Path(value).resolve().parent.is_dir()):
+            return f"--{flag.replace('_', '-')} {value!r}: give a file in an existing folder"
+    return None
+
+
+def _passive_thread_waits() -> None:
+    """Let torch's OpenMP threads sleep while they wait, instead of spinning (unless OMP_WAIT_POLICY is set): with
+    one core kept busy by another process, spinning threads made the warm start's SFT about 10x slower. OpenMP
+    reads this once, when torch loads it, so it is set before anything imports torch."""
+    os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+
+
 def run_train(args: argparse.Namespace) -> int:
+    _passive_thread_waits()
     import json
 
     from engine.config import ConfigError, TrainConfig, config_from_args, knob_fields
+    from engine.runlog import RunLogError, validate_run_name
 
+    if (problem := _check_local_paths(args)) is not None:
+        return _fail("train", problem)
     try:
-        if args.resume:
+        # Names are checked before anything is read or trained: '' is an error, not "no name given", and a name
+        # can never lead outside the logs folder.
+        if args.resume is not None:
+            validate_run_name(args.resume, args.logs_dir)
+            if args.run_name is not None and args.run_name != args.resume:
+                return _fail("train", f"--run-name {args.run_name!r} with --resume {args.resume!r}: a resumed run "
+                             "keeps its name")
+        elif args.run_name is not None:
+            validate_run_name(args.run_name, args.logs_dir)
+    except RunLogError as err:
+        return _fail("train", err)
+    try:
+        if args.resume is not None:
             run_json = Path(args.logs_dir) / args.resume / "run.json"
             if not run_json.is_file():
                 return _fail("train", f"no run {args.resume!r} in {args.logs_dir} (no {run_json.name})")
-            saved = json.loads(run_json.read_text())["config"]
+            try:
+                saved = json.loads(run_json.read_text())["config"]
+            except (OSError, ValueError, KeyError, TypeError) as err:
+                return _fail("train", f"cannot resume {args.resume!r}: {run_json} is unreadable ({err!r})")
             given = {f.name: getattr(args, f.name) for f in knob_fields() if getattr(args, f.name) is not None}
             fixed = sorted(k for k in given if k not in RESUME_OVERRIDABLE and given[k] != saved.get(k))
             if fixed or args.config:
@@ -82,7 +126,8 @@ def run_train(args: argparse.Namespace) -> int:
             name = args.resume
         else:
             cfg = config_from_args(args)
-            name = args.run_name or f"{cfg.algo}-{cfg.task}-{time.strftime('%Y%m%d-%H%M%S')}"
+            name = args.run_name if args.run_name is not None else (
+                f"{cfg.algo}-{cfg.task}-{time.strftime('%Y%m%d-%H%M%S')}")
     except ConfigError as err:
         return _fail("train", err)
     if args.print_config:
@@ -90,11 +135,10 @@ def run_train(args: argparse.Namespace) -> int:
         return 0
 
     from engine.rollout import DynamicSamplingError
-    from engine.runlog import RunLogError
     from engine.train import train
 
-    try:
-        status = train(cfg, name, args.logs_dir, resume=bool(args.resume), cache_dir=args.cache_dir,
+    try:  # train() checks the run's name and folder before the warm start
+        status = train(cfg, name, args.logs_dir, resume=args.resume is not None, cache_dir=args.cache_dir,
                        progress=not args.no_progress, num_threads=args.threads or None,
                        warm_start_threads=args.warm_start_threads, warm_start_progress=args.warm_start_progress)
     except (RunLogError, DynamicSamplingError, FileNotFoundError, ValueError) as err:
@@ -127,8 +171,11 @@ def add_warmstart_command(subparsers) -> None:
 
 
 def run_warmstart(args: argparse.Namespace) -> int:
+    _passive_thread_waits()
     from engine.config import ConfigError, config_from_args
 
+    if (problem := _check_local_paths(args)) is not None:
+        return _fail("warmstart", problem)
     try:
         cfg = config_from_args(args)
     except ConfigError as err:

@@ -198,9 +198,10 @@ class TrainConfig:
     200 (the whole held-out split of the built-in tasks) keeps the standard error of an accuracy near 3 points."""
     eval_temperature: float | None = None
     """Temperature of the sampled held-out accuracy. None: the training temperature."""
-    checkpoint_every: int = 25
-    """Save model, optimizer and RNG state into the run folder every N steps (and when stopping). 0: only when
-    stopping or finishing."""
+    checkpoint_every: int = 1
+    """Save model, optimizer and RNG state into the run folder every N steps (and when stopping), so that a killed
+    run resumes after its last logged step (a few percent of a step's time for the built-in model; see README).
+    0: only when stopping or finishing (a killed run then resumes from the warm start)."""
     log_tokens: bool = True
     """Log per-token rows (tokens, token_passes, prm_steps, ref_tokens). Off: only steps and rollouts (for
     benchmarking)."""

@@ -10,8 +10,8 @@ How it runs:
 2. The first run builds the shared cached warm start alone, on every core (it reports its SFT progress in
    `<logs>/.demo/warmstart.json`); once it has logged its first step the other four start, and all five train
    side by side, each in its own `policylens train` process with one thread, so all curves fill in together.
-3. Runs already finished are kept; runs stopped or crashed part way are resumed; `--fresh` deletes the demo runs
-   (and only those) and trains them again.
+3. Runs already finished are kept; runs stopped or crashed part way are resumed (losing at most the step in
+   flight); `--fresh` deletes the demo runs (and only those) and trains them again.
 4. Stopping the supervisor (Ctrl-C on `policylens demo`, or SIGTERM) sends SIGINT to every training process:
    each stops after its current step and marks its run `stopped`.
 """
@@ -29,8 +29,6 @@ import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
-
-from engine.train import CHECKPOINT_DIR, CHECKPOINT_FILE
 
 
 @dataclass(frozen=True)
@@ -203,24 +201,23 @@ def _supervise(logs_dir: Path, fresh: bool, train_args: list[str]) -> int:
     signal.signal(signal.SIGTERM, stop)
     signal.signal(signal.SIGINT, stop)
 
-    one_thread = dict(os.environ, OMP_NUM_THREADS="1", MKL_NUM_THREADS="1")
+    # One thread per run (the others' runs are the parallelism); waiting OpenMP threads sleep rather than spin, so
+    # the warm start's threads do not stall when another process keeps a core busy (see bench_demo.py).
+    env = dict(os.environ, OMP_NUM_THREADS="1", MKL_NUM_THREADS="1", OMP_WAIT_POLICY="PASSIVE")
     infos = _demo_run_infos(logs_dir)
-    todo = []
-    for run in DEMO_RUNS:
-        info = infos.get(run.name)
-        if info is not None and info.get("status") == "finished":
-            continue
-        resumable = info is not None and (logs_dir / run.name / CHECKPOINT_DIR / CHECKPOINT_FILE).exists()
-        if info is not None and not resumable:  # interrupted before its first checkpoint: start it again
-            shutil.rmtree(logs_dir / run.name)
-        todo.append((run, resumable))
+    # (run, whether it exists): existing unfinished runs are resumed, from their last logged step (a run killed
+    # before any checkpoint restarts from the warm start; engine.train.checkpoint_for_resume).
+    todo = [(run, run.name in infos) for run in DEMO_RUNS if infos.get(run.name, {}).get("status") != "finished"]
 
-    # The first new run builds the shared warm start alone, on every core (about 1.25x faster than one thread on 2
-    # cores), reporting its SFT progress for the dashboard, then trains on one thread. The other runs start once it
-    # has logged its first step: they find the warm start cached and all train side by side, one thread each (on a
-    # tiny model one thread per process wastes the least).
-    todo.sort(key=lambda item: item[1])  # new runs first
-    builder = todo[0][0] if todo and not todo[0][1] else None
+    # A run with no logged step yet builds the shared warm start alone, on every core (about 1.25x faster than one
+    # thread on 2 idle cores), reporting its SFT progress for the dashboard, then trains on one thread. The other
+    # runs start once it has logged its first step: they find the warm start cached and all train side by side,
+    # one thread each (on a tiny model one thread per process wastes the least).
+    def has_logged(run: DemoRun) -> bool:
+        return infos.get(run.name, {}).get("last_step") is not None
+
+    todo.sort(key=lambda item: has_logged(item[0]))  # runs with no logged step first
+    builder = todo[0][0] if todo and not has_logged(todo[0][0]) else None
     progress_file = demo_dir / WARM_START_PROGRESS
     for run, resume in todo:
         if stopping:
@@ -228,7 +225,7 @@ def _supervise(logs_dir: Path, fresh: bool, train_args: list[str]) -> int:
         command = _train_command(run, logs_dir, resume, train_args)
         if run is builder:
             command += ["--warm-start-threads", "0", "--warm-start-progress", str(progress_file)]
-        child = subprocess.Popen(command, env=one_thread)
+        child = subprocess.Popen(command, env=env)
         children.append(child)
         while run is builder and not stopping and child.poll() is None and not _has_logged_a_step(logs_dir, run):
             time.sleep(0.5)

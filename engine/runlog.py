@@ -38,8 +38,9 @@ How the behaviour the issue asks for is obtained:
    ``STALE_AFTER_SECONDS`` counts as crashed.)
 5. Resume: ``RunWriter.resume`` continues after the last complete step of its rank on disk. Steps must strictly
    increase, so a re-logged step never duplicates rows: logging a step <= ``last_step`` is an error. To restart from
-   a checkpoint older than the log, pass ``truncate_after=checkpoint_step``: the log of steps after it is deleted
-   first (a chunk that straddles it is rewritten and the rewrite wins by its newer sequence number).
+   a checkpoint older than the log, pass ``truncate_after=checkpoint_step`` (or call ``discard_after`` once the
+   writer's ``last_step`` is known): the log of steps after it is deleted first (a chunk that straddles it is
+   rewritten and the rewrite wins by its newer sequence number).
 6. Damaged or foreign files cost only themselves: every Parquet file is checked once (footer and schema) before it
    enters a view; bad files, foreign files, files where a step folder belongs, unreadable ``run.json``, folders
    that are not valid run names and runs of a newer schema version are skipped and listed in
@@ -703,15 +704,26 @@ class RunWriter:
                     int(m[2] if m.re is _STEP_DIR_RE else m[4]) == rank and entry.path not in live
                 ):
                     _remove_tree(Path(entry.path))  # replaced by a chunk before the crash, not yet deleted
-            if truncate_after is not None:
-                _truncate(data_dir, rank, truncate_after, name)
             writer = cls(logs_dir, name, rank, meta, lock, compact_every, background)
+            if truncate_after is not None:
+                writer.discard_after(truncate_after)
         except BaseException:
             lock.release()
             raise
         if rank == 0:
             writer._update_meta(status="running", last_step=writer.last_step)
         return writer
+
+    def discard_after(self, step: int) -> None:
+        """Delete this rank's logged steps > `step` (-1: every step), to log them again from a checkpoint taken at
+        `step`; a no-op when nothing was logged after it."""
+        self.flush()
+        if self.last_step is None or self.last_step <= step:
+            return
+        _truncate(self.data_dir, self.rank, step, self.name)
+        self.last_step = max((s.last for s in _scan_segments(self.data_dir) if s.rank == self.rank), default=None)
+        if self.rank == 0:
+            self._update_meta(last_step=self.last_step)
 
     def __enter__(self) -> RunWriter:
         return self
@@ -753,7 +765,8 @@ class RunWriter:
         if self.last_step is not None and step <= self.last_step:
             raise RunLogError(
                 f"run {self.name!r} rank {self.rank}: step {step} is not after the last logged step {self.last_step}; "
-                f"to log steps again from a checkpoint use RunWriter.resume(..., truncate_after=<checkpoint step>)"
+                f"to log steps again from a checkpoint, open the writer with RunWriter.resume(..., "
+                f"truncate_after=<checkpoint step>) or call discard_after(<checkpoint step>) first"
             )
         now = time.time()
         tables = {

@@ -30,7 +30,9 @@ import dataclasses
 import math
 import os
 import random
+import re
 import signal
+import sys
 import threading
 import time
 from pathlib import Path
@@ -53,7 +55,7 @@ def model_config(size: str):
 
 
 CHECKPOINT_DIR = "checkpoints"
-CHECKPOINT_FILE = "latest.pt"
+LEGACY_CHECKPOINT_FILE = "latest.pt"
 
 
 # ----------------------------------------------------------------------------- one update
@@ -96,11 +98,40 @@ def update(policy, optimizer, batch: Batch, cfg: TrainConfig, generator: torch.G
 
 
 # ----------------------------------------------------------------------------- checkpoints
+# A checkpoint is written after every step (`checkpoint_every`, default 1), named by its step, while that step's
+# log is still being written on the run log's writer thread. A checkpoint counts only once its step is in the log:
+# resume takes the newest checkpoint whose step has been logged, deletes any newer one (its step's log was lost
+# in the kill) and any logged step after it. The previous checkpoint is kept until the next one is written, so a
+# kill at any moment costs at most the step in flight.
+
+
+def checkpoint_path(run_dir: Path, step: int) -> Path:
+    return Path(run_dir) / CHECKPOINT_DIR / f"step-{step:09d}.pt"
+
+
+def checkpoint_steps(run_dir: Path) -> dict[int, Path]:
+    """The run's complete checkpoints by step (a checkpoint being written has a temporary name and is not listed;
+    `latest.pt` is the single checkpoint of runs logged before per-step checkpoints)."""
+    ckpt_dir = Path(run_dir) / CHECKPOINT_DIR
+    found = {}
+    for path in ckpt_dir.glob("step-*.pt"):
+        if (m := re.fullmatch(r"step-(\d{9})\.pt", path.name)) is not None:
+            found[int(m[1])] = path
+    legacy = ckpt_dir / LEGACY_CHECKPOINT_FILE
+    if legacy.is_file():
+        found.setdefault(int(torch.load(legacy, map_location="cpu", weights_only=False)["step"]), legacy)
+    return found
+
+
+def delete_checkpoints_before(run_dir: Path, step: int) -> None:
+    for old_step, old in checkpoint_steps(run_dir).items():
+        if old_step < step:
+            old.unlink(missing_ok=True)
 
 
 def save_checkpoint(run_dir: Path, step: int, policy, optimizer, sampler: PromptSampler, update_gen) -> Path:
     """Model, optimizer and every RNG state after `step`, written to a temporary name and renamed into place."""
-    ckpt_dir = run_dir / CHECKPOINT_DIR
+    ckpt_dir = Path(run_dir) / CHECKPOINT_DIR
     ckpt_dir.mkdir(parents=True, exist_ok=True)
     state = {
         "step": step,
@@ -112,21 +143,39 @@ def save_checkpoint(run_dir: Path, step: int, policy, optimizer, sampler: Prompt
         "cuda_rng": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None,
         "python_rng": random.getstate(),
     }
-    path = ckpt_dir / CHECKPOINT_FILE
-    tmp = ckpt_dir / f".{CHECKPOINT_FILE}.tmp"
+    path = checkpoint_path(run_dir, step)
+    tmp = ckpt_dir / f".tmp-{path.name}"
     torch.save(state, tmp)
     os.replace(tmp, path)
     return path
 
 
-def load_checkpoint(run_dir: Path) -> dict:
-    path = run_dir / CHECKPOINT_DIR / CHECKPOINT_FILE
-    if not path.is_file():
-        raise FileNotFoundError(
-            f"run {run_dir.name!r} has no checkpoint ({path}); it cannot be resumed. Checkpoints are written every "
-            "--checkpoint-every steps and when a run stops or finishes."
-        )
-    return torch.load(path, map_location="cpu", weights_only=False)
+def restore_checkpoint(ckpt: dict, policy, optimizer, sampler: PromptSampler, update_gen) -> None:
+    """The inverse of save_checkpoint: the state after `ckpt["step"]`, RNGs included."""
+    policy.load_state_dict(ckpt["model"])
+    optimizer.load_state_dict(ckpt["optimizer"])
+    sampler.load_state_dict(ckpt["sampler"])
+    update_gen.set_state(ckpt["update_rng"])
+    torch.set_rng_state(ckpt["torch_rng"])
+    if ckpt["cuda_rng"] is not None and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(ckpt["cuda_rng"])
+    random.setstate(ckpt["python_rng"])
+
+
+def checkpoint_for_resume(run_dir: Path, last_logged: int | None) -> dict | None:
+    """The newest checkpoint whose step is logged (`last_logged`, None: no step), or None (continue from the warm
+    start). Checkpoints of steps never logged, and temporaries of a killed save, are deleted."""
+    ckpt_dir = Path(run_dir) / CHECKPOINT_DIR
+    for tmp in ckpt_dir.glob(".tmp-*"):
+        tmp.unlink(missing_ok=True)
+    found = checkpoint_steps(run_dir)
+    usable = [step for step in found if last_logged is not None and step <= last_logged]
+    for step, path in found.items():
+        if last_logged is None or step > last_logged:
+            path.unlink()
+    if not usable:
+        return None
+    return torch.load(found[max(usable)], map_location="cpu", weights_only=False)
 
 
 # ----------------------------------------------------------------------------- the loop
@@ -188,15 +237,31 @@ def load_models(cfg: TrainConfig, task, device: torch.device, cache_dir: str | P
     return model, ref, tokenizer, desc
 
 
+def check_run_target(logs_dir: Path, run_name: str, resume: bool) -> None:
+    """Raise RunLogError unless `run_name` is a valid name for a new run in `logs_dir` (or, with `resume`, an
+    existing run there): checked before any heavy work."""
+    from engine.runlog import RunLogError, validate_run_name
+
+    if logs_dir.exists() and not logs_dir.is_dir():
+        raise RunLogError(f"the logs folder {logs_dir} is not a folder")
+    validate_run_name(run_name, logs_dir)
+    run_json = logs_dir / run_name / "run.json"
+    if resume and not run_json.is_file():
+        raise RunLogError(f"no run {run_name!r} to resume in {logs_dir} (no {run_json.name})")
+    if not resume and (logs_dir / run_name).exists():
+        raise RunLogError(f"run {run_name!r} already exists in {logs_dir}; pick another name or resume it")
+
+
 def train(cfg: TrainConfig, run_name: str, logs_dir: str | Path = "logs", *, resume: bool = False,
           cache_dir: str | Path | None = None, progress: bool = True, num_threads: int | None = None,
           warm_start_threads: int | None = None, warm_start_progress: str | Path | None = None) -> str:
     """Train (or resume) the run `run_name` under `logs_dir`; returns the final status.
 
     `cache_dir` holds the warm-started models (default `<logs_dir>/.cache`). On resume, `cfg` is the run's saved
-    config (with any overrides, e.g. more steps) and training continues after the last checkpoint. When the warm
-    start is not cached yet it trains on `warm_start_threads` threads (None: `num_threads`; 0: one per core, at most
-    4) and reports its SFT progress into the JSON file `warm_start_progress` (engine.policy.sft_progress_reporter).
+    config (with any overrides, e.g. more steps) and training continues after the newest checkpoint whose step is
+    logged, or from the warm start when there is none (see checkpoint_for_resume). When the warm start is not
+    cached yet it trains on `warm_start_threads` threads (None: `num_threads`; 0: one per core, at most 4) and
+    reports its SFT progress into the JSON file `warm_start_progress` (engine.policy.sft_progress_reporter).
     """
     from tqdm import tqdm
 
@@ -208,6 +273,7 @@ def train(cfg: TrainConfig, run_name: str, logs_dir: str | Path = "logs", *, res
 
         hf_logging.disable_progress_bar()
     logs_dir = Path(logs_dir)
+    check_run_target(logs_dir, run_name, resume)  # before the warm start, which can take minutes
     cache_dir = Path(cache_dir) if cache_dir is not None else logs_dir / ".cache"
     if num_threads:
         torch.set_num_threads(num_threads)
@@ -230,24 +296,35 @@ def train(cfg: TrainConfig, run_name: str, logs_dir: str | Path = "logs", *, res
     torch.manual_seed(cfg.seed)
     random.seed(cfg.seed)
 
+    ckpt = None
     if resume:
-        ckpt = load_checkpoint(logs_dir / run_name)
-        # Steps logged after the checkpoint (a crash between checkpoints) are deleted and trained again.
-        writer = RunWriter.resume(logs_dir, run_name, truncate_after=ckpt["step"])
-        policy.load_state_dict(ckpt["model"])
-        optimizer.load_state_dict(ckpt["optimizer"])
-        sampler.load_state_dict(ckpt["sampler"])
-        update_gen.set_state(ckpt["update_rng"])
-        torch.set_rng_state(ckpt["torch_rng"])
-        if ckpt["cuda_rng"] is not None and torch.cuda.is_available():
-            torch.cuda.set_rng_state_all(ckpt["cuda_rng"])
-        random.setstate(ckpt["python_rng"])
-        start = ckpt["step"] + 1
+        writer = RunWriter.resume(logs_dir, run_name)  # holds the run's writer lock from here on
+        ckpt = checkpoint_for_resume(writer.run_dir, writer.last_step)
+        # The log never runs ahead of the state it continues from: steps logged after the checkpoint (the step
+        # in flight when the run was killed) are deleted and trained again; no checkpoint: from the warm start.
+        start = ckpt["step"] + 1 if ckpt is not None else 1
+        logged = writer.last_step
+        writer.discard_after(start - 1)
+        redo = f"; logged steps {start} to {logged} are trained again" if logged is not None and logged >= start else ""
+        tqdm.write(f"{run_name}: resuming after step {start - 1}{redo}" if ckpt is not None else
+                   f"{run_name}: no checkpoint, resuming from the warm start{redo}", file=sys.stderr)
+        if ckpt is not None:
+            restore_checkpoint(ckpt, policy, optimizer, sampler, update_gen)
     else:
         writer = RunWriter.create(logs_dir, run_name, algorithm=cfg.algo, task=cfg.task, config=cfg.to_dict(),
                                   model=model_desc)
         start = 1
     run_dir = Path(writer.run_dir)
+    saved = start - 1 if resume and ckpt is not None else None  # step of the newest checkpoint on disk
+
+    def checkpoint(step: int) -> None:
+        # Written while the step's log is encoded on the writer thread; the previous checkpoint stays until this
+        # one is complete (see checkpoint_for_resume).
+        nonlocal saved
+        save_checkpoint(run_dir, step, policy, optimizer, sampler, update_gen)
+        if saved is not None:
+            delete_checkpoints_before(run_dir, saved)
+        saved = step
 
     def run_eval(step: int) -> EvalResult:
         # The same prompts every time; the sampled half uses a fixed seed per step, independent of training RNG.
@@ -268,7 +345,7 @@ def train(cfg: TrainConfig, run_name: str, logs_dir: str | Path = "logs", *, res
     heldout = float("nan")
     try:
         with _StopFlag() as stop:
-            if start == 1 and cfg.eval_every:
+            if writer.last_step is None and cfg.eval_every:
                 # ---- step 0: the warm start's held-out accuracy, so every curve starts there
                 ev = run_eval(0)
                 heldout = ev.accuracy_greedy
@@ -276,6 +353,8 @@ def train(cfg: TrainConfig, run_name: str, logs_dir: str | Path = "logs", *, res
                 writer.log_step(0, metrics={"heldout_accuracy": heldout,
                                             "heldout_accuracy_sampled": ev.accuracy_sampled},
                                 rollouts=rollouts, tokens=tokens, prm_steps=prm, ref_tokens=reference_rows())
+                if cfg.checkpoint_every:
+                    checkpoint(0)
             last, final = start - 1, False
             t_train = time.monotonic()
             for step in range(start, cfg.steps + 1):
@@ -304,15 +383,15 @@ def train(cfg: TrainConfig, run_name: str, logs_dir: str | Path = "logs", *, res
 
                 last = step
                 if cfg.checkpoint_every and step % cfg.checkpoint_every == 0:
-                    save_checkpoint(run_dir, step, policy, optimizer, sampler, update_gen)
+                    checkpoint(step)
                 bar.update(1)
                 bar.set_postfix(reward=f"{metrics['reward_mean']:.2f}", acc=f"{metrics['accuracy']:.2f}",
                                 heldout=f"{heldout:.2f}", clip=f"{metrics['clip_low_frac']:.3f}/"
                                 f"{metrics['clip_high_frac']:.3f}", refresh=False)
                 if stop.requested or out_of_time:
                     break
-            if last >= start and not (cfg.checkpoint_every and last % cfg.checkpoint_every == 0):
-                save_checkpoint(run_dir, last, policy, optimizer, sampler, update_gen)
+            if last >= start and saved != last:
+                checkpoint(last)
             status = "stopped" if stop.requested and not final else "finished"
     except KeyboardInterrupt:
         status = "stopped"
@@ -320,4 +399,6 @@ def train(cfg: TrainConfig, run_name: str, logs_dir: str | Path = "logs", *, res
     finally:
         bar.close()
         writer.close(status=status)
+    if saved is not None:  # every step is on disk now: only the newest checkpoint is needed
+        delete_checkpoints_before(run_dir, saved)
     return status

@@ -2,10 +2,9 @@
 
 from __future__ import annotations
 
-import time
-
 import pytest
 from conftest import TINY
+from waits import wait_until
 
 from engine import demo
 from engine.runlog import list_runs
@@ -20,13 +19,10 @@ def tiny_train_args(warm_cache, steps: int) -> tuple[str, ...]:
     return tuple(args)
 
 
-def wait_for(condition, timeout: float, what: str):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if condition():
-            return
-        time.sleep(0.5)
-    raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what}")
+def wait_for(condition, logs, what: str):
+    """Wait until `condition()` holds while the demo in `logs` makes progress (SFT steps, logged steps, statuses):
+    fail only after a long time with no progress at all (see waits.wait_until), never for being slow."""
+    wait_until(condition, what, progress=lambda: (demo.demo_progress(logs), statuses(logs)))
 
 
 def statuses(logs_dir) -> dict[str, tuple[str, int | None, str]]:
@@ -46,7 +42,7 @@ def test_demo_trains_all_runs_then_reuses_them(tmp_path):
     demo.start_demo(logs, train_args=tiny_train_args(cache, steps=2))
     assert demo.running_supervisor(logs) is not None
     assert demo.start_demo(logs) == demo.running_supervisor(logs)  # a second start while it runs is a no-op
-    wait_for(lambda: demo.running_supervisor(logs) is None, 300, "the demo to finish")
+    wait_for(lambda: demo.running_supervisor(logs) is None, logs, "the demo to finish")
 
     first = statuses(logs)
     assert set(first) == {run.name for run in demo.DEMO_RUNS}
@@ -65,7 +61,7 @@ def test_demo_trains_all_runs_then_reuses_them(tmp_path):
 
     # Asked again: nothing is retrained (same run ids, same steps).
     demo.start_demo(logs, train_args=tiny_train_args(cache, steps=2))
-    wait_for(lambda: demo.running_supervisor(logs) is None, 120, "the second demo start to return")
+    wait_for(lambda: demo.running_supervisor(logs) is None, logs, "the second demo start to return")
     assert statuses(logs) == first
 
 
@@ -77,7 +73,7 @@ def test_stopping_the_demo_stops_training_cleanly_and_a_restart_resumes(tmp_path
     def some_run_has_a_step():
         return any((last or 0) >= 1 for _, last, _ in statuses(logs).values())
 
-    wait_for(some_run_has_a_step, 180, "a first logged step")
+    wait_for(some_run_has_a_step, logs, "a first logged step")
     demo.stop_demo(logs, timeout=120)
     assert demo.running_supervisor(logs) is None
     stopped = statuses(logs)
@@ -86,7 +82,7 @@ def test_stopping_the_demo_stops_training_cleanly_and_a_restart_resumes(tmp_path
     # A restart resumes the stopped runs (same run id, numbering continues) instead of starting them over.
     demo.start_demo(logs, train_args=tiny_train_args(warm_cache, steps=40))
     name, (_, last_step, run_id) = next((n, s) for n, s in stopped.items() if (s[1] or 0) >= 1)
-    wait_for(lambda: (statuses(logs)[name][1] or 0) > last_step, 180, f"{name} to continue after step {last_step}")
+    wait_for(lambda: (statuses(logs)[name][1] or 0) > last_step, logs, f"{name} to continue after step {last_step}")
     assert statuses(logs)[name][2] == run_id
     demo.stop_demo(logs, timeout=120)
 
@@ -122,7 +118,8 @@ def test_demo_command_with_runs_present_only_serves_the_dashboard_and_stops_on_s
             except OSError:
                 return False
 
-        wait_for(answers, 90, "the dashboard to answer")
+        wait_until(lambda: answers() or server.poll() is not None, "the dashboard to answer")
+        assert server.poll() is None, "the demo command exited"
         assert demo.running_supervisor(logs) is None and not (logs / ".demo").exists()  # nothing to train
         server.send_signal(signal.SIGTERM)
         assert server.wait(30) == 0
@@ -131,4 +128,8 @@ def test_demo_command_with_runs_present_only_serves_the_dashboard_and_stops_on_s
             server.kill()
     assert "training the demo" not in server.stdout.read()
     with socket.socket() as s:
-        s.bind(("127.0.0.1", port))  # the port is free again: no orphaned server
+        # The port is free again: no orphaned server. SO_REUSEADDR ignores the closed connections the server leaves
+        # in TIME_WAIT (they made this bind fail now and then), while a socket still listening there would still
+        # make it fail (Linux).
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        s.bind(("127.0.0.1", port))

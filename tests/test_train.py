@@ -13,7 +13,7 @@ import torch
 from conftest import TINY
 
 from engine.objectives import ALGORITHMS, CLIP_HIGH, CLIP_LOW, CLIP_NONE, defaults
-from engine.runlog import RunReader
+from engine.runlog import RunReader, list_runs
 
 pytestmark = pytest.mark.slow
 
@@ -42,7 +42,7 @@ def algo_runs(tmp_path_factory, run_tiny):
 def test_each_algorithm_trains_and_logs_consistent_values(algo_runs, warm_cache, algo):
     from engine.policy import load_policy
     from engine.tasks import get_task
-    from engine.train import CHECKPOINT_DIR, CHECKPOINT_FILE, model_config
+    from engine.train import checkpoint_steps, model_config
 
     logs_dir, run = algo_runs, f"t-{algo}"
     cfg = json.loads((logs_dir / run / "run.json").read_text())["config"]
@@ -54,7 +54,8 @@ def test_each_algorithm_trains_and_logs_consistent_values(algo_runs, warm_cache,
     warm, _, _ = load_policy(task, cache_dir=warm_cache, seed=cfg["task_seed"], model_config=model_config("tiny"),
                              sft=SFTConfig(steps=cfg["sft_steps"], warmup_steps=min(20, cfg["sft_steps"]),
                                            num_threads=1), device="cpu")
-    ckpt = torch.load(logs_dir / run / CHECKPOINT_DIR / CHECKPOINT_FILE, weights_only=False)
+    checkpoints = checkpoint_steps(logs_dir / run)
+    ckpt = torch.load(checkpoints[max(checkpoints)], weights_only=False)
     assert ckpt["step"] == 2
     moved = [k for k, v in warm.state_dict().items() if not torch.equal(v, ckpt["model"][k])]
     assert moved, "no parameter changed"
@@ -192,16 +193,9 @@ def _comparable(logs_dir, run):
     return steps, passes, comps
 
 
-def test_same_config_same_numbers_and_resume_continues_identically(tmp_path, run_tiny):
-    overrides = dict(algo="dapo", steps=3, eval_every=2, checkpoint_every=2, seed=3)
-    assert run_tiny(tmp_path, "straight", **overrides) == "finished"
-    # the same run in two parts: 2 steps, then --resume to 3
-    assert run_tiny(tmp_path, "halves", **(overrides | {"steps": 2})) == "finished"
-    assert run_tiny(tmp_path, "halves", resume=True, **overrides) == "finished"
-
-    a, b = _comparable(tmp_path, "straight"), _comparable(tmp_path, "halves")
-    assert a[0].step.tolist() == b[0].step.tolist() == [0, 1, 2, 3]
-    for x, y in zip(a, b, strict=True):
+def assert_same_run(a, b):
+    """The runs `a` and `b` ((logs_dir, name) each) logged the same steps with the same numbers (timings aside)."""
+    for x, y in zip(_comparable(*a), _comparable(*b), strict=True):
         assert len(x) > 0
         for col in x.columns:
             if x[col].dtype.kind == "f":
@@ -209,14 +203,154 @@ def test_same_config_same_numbers_and_resume_continues_identically(tmp_path, run
                                            err_msg=col, equal_nan=True)
             else:
                 assert x[col].tolist() == y[col].tolist(), col
+
+
+def test_same_config_same_numbers_and_resume_continues_identically(tmp_path, run_tiny):
+    overrides = dict(algo="dapo", steps=3, eval_every=2, checkpoint_every=2, seed=3)
+    assert run_tiny(tmp_path, "straight", **overrides) == "finished"
+    # the same run in two parts: 2 steps, then --resume to 3
+    assert run_tiny(tmp_path, "halves", **(overrides | {"steps": 2})) == "finished"
+    assert run_tiny(tmp_path, "halves", resume=True, **overrides) == "finished"
+
+    assert _comparable(tmp_path, "straight")[0].step.tolist() == [0, 1, 2, 3]
+    assert_same_run((tmp_path, "straight"), (tmp_path, "halves"))
     assert read(tmp_path, "halves", "SELECT status FROM runs WHERE run = RUN").status[0] == "finished"
 
 
-def test_resume_without_checkpoint_is_a_clear_error(tmp_path, run_tiny):
-    from engine.config import TrainConfig  # noqa: F401  (import check)
+def test_a_run_with_the_former_single_checkpoint_file_resumes_from_it(tmp_path, run_tiny):
+    """Runs logged before per-step checkpoints kept one `checkpoints/latest.pt`: resume continues from it instead
+    of discarding their steps."""
+    from engine.train import LEGACY_CHECKPOINT_FILE, checkpoint_steps
 
-    with pytest.raises(FileNotFoundError, match="no checkpoint"):
+    assert run_tiny(tmp_path, "old", steps=2, checkpoint_every=1, **KILLED) == "finished"
+    found = checkpoint_steps(tmp_path / "old")
+    assert sorted(found) == [2]  # once the run is closed, only the newest
+    found[2].rename(found[2].with_name(LEGACY_CHECKPOINT_FILE))
+    before = steps_and_times(tmp_path, "old")
+    assert run_tiny(tmp_path, "old", resume=True, steps=3, **KILLED) == "finished"
+    after = steps_and_times(tmp_path, "old")
+    assert after.step.tolist() == [0, 1, 2, 3] and after.wall_time.iloc[:3].tolist() == before.wall_time.tolist()
+
+
+def test_resume_of_a_missing_run_is_a_clear_error(tmp_path, run_tiny):
+    from engine.runlog import RunLogError
+
+    with pytest.raises(RunLogError, match="no run 'never-ran' to resume"):
         run_tiny(tmp_path, "never-ran", resume=True, steps=2)
+
+
+# ----------------------------------------------------------------------------- SIGKILL and --resume
+
+KILLED = dict(algo="grpo", eval_every=2, seed=5)
+"""Config of the runs killed below (on top of TINY); `straight_run` trains it to FINAL_STEP with no kill."""
+FINAL_STEP = 10
+
+
+@pytest.fixture(scope="module")
+def straight_run(tmp_path_factory, run_tiny):
+    logs_dir = tmp_path_factory.mktemp("straight")
+    assert run_tiny(logs_dir, "straight", steps=FINAL_STEP, **KILLED) == "finished"
+    return logs_dir, "straight"
+
+
+def train_process(logs_dir, warm_cache, name, *flags, before=""):
+    """`policylens train` of a tiny run (KILLED) in a subprocess, 40 steps (it is killed long before), after
+    running the Python statements `before` in that process."""
+    import subprocess
+    import sys
+
+    argv = ["train", "--logs-dir", str(logs_dir), "--run-name", name, "--cache-dir", str(warm_cache),
+            "--no-progress", "--steps", "40", *flags]
+    for key, value in (TINY | KILLED).items():
+        if key != "checkpoint_every":
+            argv += ["--" + key.replace("_", "-"), str(value)]
+    code = f"{before}\nimport sys\nfrom engine.cli import main\nsys.exit(main({argv!r}))"
+    return subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def last_logged_step(logs_dir, run) -> int | None:
+    return next((r["last_step"] for r in list_runs(logs_dir) if r["run"] == run), None)
+
+
+def kill_when(proc, condition, what):
+    """SIGKILL `proc` as soon as `condition()` holds (failing if it exits first, or makes no progress)."""
+    from waits import wait_until
+
+    def check():
+        assert proc.poll() is None, proc.communicate()
+        return condition()
+
+    try:
+        wait_until(check, what)
+    finally:
+        proc.kill()
+        proc.communicate()
+
+
+def steps_and_times(logs_dir, run):
+    return read(logs_dir, run, "SELECT step, wall_time FROM steps WHERE run = RUN ORDER BY step")
+
+
+def test_a_kill_after_the_checkpoint_but_before_the_step_is_logged_loses_nothing(tmp_path, warm_cache, run_tiny,
+                                                                                  straight_run):
+    """The bad moment made certain: in the training process, writing step 3's Parquet files hangs, so the trainer
+    writes step 3's checkpoint and goes on to step 4 while step 3 is not in the log. Killed then, the resumed run
+    must train step 3 again (not continue at step 4 with step 3 missing for good)."""
+    from engine.train import CHECKPOINT_DIR
+
+    hang_at_step_3 = (
+        "import time, engine.runlog as runlog\n"
+        "write = runlog._write_parquet\n"
+        "def hang_at_step_3(arrow, path):\n"
+        "    if '.tmp-step-000000003.' in str(path):\n"
+        "        time.sleep(3600)\n"
+        "    write(arrow, path)\n"
+        "runlog._write_parquet = hang_at_step_3"
+    )
+    proc = train_process(tmp_path, warm_cache, "killed", "--checkpoint-every", "1", before=hang_at_step_3)
+    ckpt_dir = tmp_path / "killed" / CHECKPOINT_DIR
+
+    def step_3_checkpointed():  # a checkpoint file that holds step 3 (whatever its name)
+        import torch
+
+        for path in ckpt_dir.glob("[!.]*.pt"):
+            try:
+                if torch.load(path, weights_only=False)["step"] == 3:
+                    return True
+            except (OSError, RuntimeError, EOFError, KeyError):  # being replaced
+                pass
+        return False
+
+    kill_when(proc, step_3_checkpointed, "step 3's checkpoint")
+    assert steps_and_times(tmp_path, "killed").step.tolist() == [0, 1, 2]  # the checkpoint is ahead of the log
+
+    assert run_tiny(tmp_path, "killed", resume=True, steps=FINAL_STEP, **KILLED) == "finished"
+    assert steps_and_times(tmp_path, "killed").step.tolist() == list(range(FINAL_STEP + 1))
+    assert_same_run(straight_run, (tmp_path, "killed"))
+
+
+@pytest.mark.parametrize("checkpoint_every", [None, 0], ids=["default", "no-checkpoint"])
+def test_a_killed_run_resumes_losing_at_most_the_step_in_flight(tmp_path, warm_cache, run_tiny, straight_run,
+                                                                checkpoint_every):
+    """SIGKILL while training, at no chosen moment. With the default (a checkpoint every step) the resumed run keeps
+    every logged step but at most the last (whose checkpoint may not have been complete) and goes on; a run killed
+    before it had any checkpoint starts again from the warm start (keeping step 0, the warm start's evaluation).
+    Either way the finished run has each step once, with the numbers of a run never killed."""
+    flags = () if checkpoint_every is None else ("--checkpoint-every", str(checkpoint_every))
+    proc = train_process(tmp_path, warm_cache, "killed", *flags)
+    kill_when(proc, lambda: (last_logged_step(tmp_path, "killed") or 0) >= 3, "step 3 to be logged")
+    before = steps_and_times(tmp_path, "killed")
+    assert before.step.tolist() == list(range(len(before))) and 4 <= len(before) <= FINAL_STEP
+
+    assert run_tiny(tmp_path, "killed", resume=True, steps=FINAL_STEP, **KILLED) == "finished"
+    after = steps_and_times(tmp_path, "killed")
+    assert after.step.tolist() == list(range(FINAL_STEP + 1))  # no step missing, none twice
+    kept = int((after.wall_time.iloc[: len(before)].to_numpy() == before.wall_time.to_numpy()).sum())
+    if checkpoint_every is None:
+        assert kept >= len(before) - 1, (kept, len(before))  # only the step in flight was trained again
+    else:
+        assert kept == 1  # nothing to continue from: every step again from the warm start, but its evaluation
+    assert_same_run(straight_run, (tmp_path, "killed"))
 
 
 # ----------------------------------------------------------------------------- dynamic sampling
@@ -252,39 +386,36 @@ def test_dynamic_sampling_logs_dropped_groups(tmp_path, run_tiny):
 
 def test_ctrl_c_stops_after_the_step_and_the_run_resumes(tmp_path, warm_cache, run_tiny):
     import signal
-    import subprocess
-    import sys
-    import time
 
-    from engine.runlog import list_runs
+    from waits import wait_until
 
-    cmd = [sys.executable, "-m", "engine.cli", "train", "--logs-dir", str(tmp_path), "--run-name", "sig",
-           "--cache-dir", str(warm_cache), "--no-progress", "--steps", "200", "--checkpoint-every", "0"]
-    for key, value in TINY.items():
-        if key != "checkpoint_every":
-            cmd += ["--" + key.replace("_", "-"), str(value)]
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc = train_process(tmp_path, warm_cache, "sig", "--checkpoint-every", "0")
     try:
-        deadline = time.monotonic() + 120
-        while time.monotonic() < deadline:
-            runs = [r for r in list_runs(tmp_path) if r["run"] == "sig"]
-            if runs and (runs[0]["last_step"] or 0) >= 1:
-                break
+        def progress():
+            return last_logged_step(tmp_path, "sig")
+
+        def has_a_step():
             assert proc.poll() is None, proc.communicate()
-            time.sleep(0.2)
+            return (progress() or 0) >= 1
+
+        wait_until(has_a_step, "a first training step", progress)
         proc.send_signal(signal.SIGINT)
-        out, err = proc.communicate(timeout=120)
+        wait_until(lambda: proc.poll() is not None, "the run to stop after its step", progress)
+        out, err = proc.communicate()
     finally:
         proc.kill()
     assert proc.returncode == 0, err
     assert "stopped" in out
     run = next(r for r in list_runs(tmp_path) if r["run"] == "sig")
-    assert run["status"] == "stopped" and 1 <= run["last_step"] < 200
-    # a checkpoint was written on the way out, so the run continues with the next step number
+    assert run["status"] == "stopped" and 1 <= run["last_step"] < 40
+    # a checkpoint was written on the way out (none before: --checkpoint-every 0), so the run continues with the
+    # next step number and keeps the steps it logged
     last = run["last_step"]
-    assert run_tiny(tmp_path, "sig", resume=True, steps=last + 1) == "finished"
-    steps = read(tmp_path, "sig", "SELECT step FROM steps WHERE run = RUN ORDER BY step").step.tolist()
-    assert steps[-2:] == [last, last + 1] and len(steps) == len(set(steps))
+    before = steps_and_times(tmp_path, "sig")
+    assert run_tiny(tmp_path, "sig", resume=True, steps=last + 1, **KILLED) == "finished"
+    after = steps_and_times(tmp_path, "sig")
+    assert after.step.tolist() == list(range(last + 2))
+    assert after.wall_time.iloc[:-1].tolist() == before.wall_time.tolist()
 
 
 def test_time_limit_finishes_after_the_step_that_crosses_it(tmp_path, run_tiny):

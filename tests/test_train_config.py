@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 
 import pytest
 
@@ -147,3 +148,76 @@ def test_objective_fields_are_every_knob_of_the_registry_and_config_fields():
     assert knobs <= {f.name for f in knob_fields()}
     for o in OBJECTIVES.values():  # a paper's loop setting names a real field
         assert {k for k, _ in o.loop} <= {f.name for f in knob_fields()}
+
+
+# ----------------------------------------------------------------------------- bad arguments fail before the warm start
+
+
+def _tiny_flags(steps: int = 1) -> list[str]:
+    from conftest import TINY
+
+    flags = ["--steps", str(steps), "--eval-every", "0", "--no-progress"]
+    for key, value in TINY.items():
+        if key != "eval_every":
+            flags += ["--" + key.replace("_", "-"), str(value)]
+    return flags
+
+
+@pytest.mark.parametrize(("args", "message"), [
+    (["--run-name", "bad name"], r"invalid run name 'bad name': a run name is 1 to 100 characters"),
+    (["--run-name", ""], r"invalid run name '': a run name is"),
+    (["--resume", ""], r"invalid run name '': a run name is"),
+    (["--resume", "../outside"], r"invalid run name '\.\./outside'"),
+    (["--run-name", "taken"], r"run 'taken' already exists in .*; pick another name or resume it"),
+    (["--resume", "taken", "--run-name", "other"], r"--run-name 'other' with --resume 'taken': a resumed run keeps"),
+    (["--resume", "damaged"], r"cannot resume 'damaged': .*run.json is unreadable"),
+    (["--run-name", "ok", "--threads", "-1"], r"--threads must be >= 0 \(0: automatic\), got -1"),
+    (["--run-name", "ok", "--warm-start-threads", "-2"], r"--warm-start-threads must be >= 0"),
+    (["--run-name", "ok", "--warm-start-progress", "{tmp}/missing/p.json"], r"give a file in an existing folder"),
+    (["--run-name", "ok", "--cache-dir", "{tmp}/a-file"], r"--cache-dir .*a-file is a file, not a folder"),
+    (["--run-name", "ok", "--logs-dir", "{tmp}/a-file"], r"--logs-dir .*a-file is a file, not a folder"),
+], ids=["bad-name", "empty-name", "empty-resume", "resume-outside", "existing-name", "renamed-resume",
+        "damaged-resume", "threads", "warm-threads", "progress-folder", "cache-file", "logs-file"])
+def test_train_rejects_bad_arguments_before_the_warm_start(tmp_path, monkeypatch, capsys, args, message):
+    """Each of these used to be noticed only after the warm start (minutes on the default model), silently ignored
+    ('' as no name), or read a run outside the logs folder. Now: exit code 2, one clear line, nothing trained,
+    nothing created, nothing read outside the logs folder."""
+    from engine.cli import main
+    from engine.config import TrainConfig
+    from engine.runlog import RunWriter
+
+    monkeypatch.delenv("OMP_WAIT_POLICY", raising=False)  # the CLI sets it for its process
+    logs, cache = tmp_path / "logs", tmp_path / "cache"
+    RunWriter.create(logs, "taken", config={}).close()
+    (logs / "damaged").mkdir()
+    (logs / "damaged" / "run.json").write_text('{"config": ')  # cut short
+    (tmp_path / "a-file").write_text("not a folder")
+    # a run folder outside the logs folder, which `--resume ../outside` must not read
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (outside / "run.json").write_text(json.dumps({"config": TrainConfig(steps=1).to_dict()}))
+    args = [a.format(tmp=tmp_path) for a in args]
+    before = sorted(p.name for p in logs.iterdir())
+
+    code = main(["train", "--logs-dir", str(logs), "--cache-dir", str(cache), *_tiny_flags(), *args])
+
+    assert code == 2
+    assert re.search(message, capsys.readouterr().err.splitlines()[-1])
+    assert not cache.exists()  # no warm start was built
+    assert sorted(p.name for p in logs.iterdir()) == before  # no run was created
+
+
+@pytest.mark.parametrize(("args", "message"), [
+    (["--threads", "-1"], r"--threads must be >= 0"),
+    (["--progress-file", "{tmp}/missing/p.json"], r"--progress-file .*: give a file in an existing folder"),
+])
+def test_warmstart_rejects_bad_arguments_before_training(tmp_path, monkeypatch, capsys, args, message):
+    from engine.cli import main
+
+    monkeypatch.delenv("OMP_WAIT_POLICY", raising=False)
+    cache = tmp_path / "cache"
+    flags = [f for f in _tiny_flags() if f != "--no-progress"]
+    code = main(["warmstart", "--cache-dir", str(cache), *flags, *[a.format(tmp=tmp_path) for a in args]])
+    assert code == 2
+    assert re.search(message, capsys.readouterr().err.splitlines()[-1])
+    assert not cache.exists()
