@@ -90,7 +90,7 @@ def logged(logs_dir, table: str) -> pd.DataFrame:
 def test_training_logs_the_reference_scores_of_every_evaluation(tiny_run, warm_cache):
     from engine.policy import SFTConfig, load_policy
     from engine.rollout import TokenText, score_references
-    from engine.train import CHECKPOINT_DIR, CHECKPOINT_FILE, model_config
+    from engine.train import checkpoint_steps, model_config
 
     logs_dir, run = tiny_run
     cfg = json.loads((Path(logs_dir) / run / "run.json").read_text())["config"]
@@ -117,8 +117,8 @@ def test_training_logs_the_reference_scores_of_every_evaluation(tiny_run, warm_c
     warm = pd.DataFrame(score_references(model.eval(), tok, task, heldout, cfg["temperature"]).rows(task, tt))
     first = ref[ref.step == 0].sort_values(["prompt_id", "position"])
     np.testing.assert_allclose(first.logp.to_numpy(), warm.sort_values(["prompt_id", "position"]).logp, atol=1e-5)
-    ckpt = torch.load(Path(logs_dir) / run / CHECKPOINT_DIR / CHECKPOINT_FILE, weights_only=False)
-    assert ckpt["step"] == 3
+    assert list(checkpoint_steps(Path(logs_dir) / run)) == [3]  # a finished run keeps its newest checkpoint only
+    ckpt = torch.load(checkpoint_steps(Path(logs_dir) / run)[3], weights_only=False)
     model.load_state_dict(ckpt["model"])
     final = pd.DataFrame(score_references(model.eval(), tok, task, heldout, cfg["temperature"]).rows(task, tt))
     last = ref[ref.step == 3].sort_values(["prompt_id", "position"])
