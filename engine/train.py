@@ -38,6 +38,7 @@ from pathlib import Path
 import torch
 
 from engine.config import TrainConfig, resolve_device
+from engine.critic import PPOCritic
 from engine.logrows import PassRecord, eval_tables, pass_record, step_metrics, step_tables
 from engine.objectives import policy_loss
 from engine.rollout import Batch, EvalResult, PromptSampler, TokenText, collect_batch, evaluate, token_logprobs
@@ -66,7 +67,9 @@ def update(policy, optimizer, batch: Batch, cfg: TrainConfig, generator: torch.G
     params = [p for p in policy.parameters() if p.requires_grad]
     overrides = cfg.objective_overrides()
     # Outcome advantages are one number per sequence: pass them as (B,) so sequence-level objectives use A_i.
-    seq_level_adv = cfg.supervision == "outcome"
+    # A critic's advantages (GAE, whitened) differ token by token whatever the supervision.
+    seq_level_adv = cfg.supervision == "outcome" and batch.loss_advantages is None
+    token_adv = batch.advantages if batch.loss_advantages is None else batch.loss_advantages  # (B, T)
     seq_adv = torch.tensor([r.advantage for r in batch.rollouts], device=batch.advantages.device)  # (B,)
     records = []
     for _epoch in range(cfg.epochs):
@@ -82,7 +85,7 @@ def update(policy, optimizer, batch: Batch, cfg: TrainConfig, generator: torch.G
             mask = batch.loss_mask[idx, sl]  # (b, t_mb)
             old_logp = batch.old_logp[idx, sl]  # (b, t_mb)
             ref_logp = batch.ref_logp[idx, sl] if batch.ref_logp is not None else None
-            adv = seq_adv[idx] if seq_level_adv else batch.advantages[idx, sl]
+            adv = seq_adv[idx] if seq_level_adv else token_adv[idx, sl]
             out = policy_loss(cfg.algo, logp, old_logp, adv, mask, ref_logp=ref_logp, entropy=entropy.detach(),
                               **overrides)
             optimizer.zero_grad(set_to_none=True)
@@ -220,11 +223,12 @@ def train(cfg: TrainConfig, run_name: str, logs_dir: str | Path = "logs", *, res
     policy, ref, tokenizer, model_desc = load_models(
         cfg, task, device, cache_dir, sft_threads=warm_start_threads,
         progress=sft_progress_reporter(warm_start_progress, print_every=0) if warm_start_progress else None)
-    need_ref = cfg.log_tokens or bool(cfg.beta)
+    need_ref = cfg.log_tokens or bool(cfg.beta) or bool(cfg.kl_coef)
     tt = TokenText(tokenizer)
     eval_problems = list(task.heldout[: cfg.eval_size])
     optimizer = torch.optim.AdamW(policy.parameters(), lr=cfg.lr, betas=(cfg.adam_beta1, cfg.adam_beta2),
                                   weight_decay=cfg.weight_decay)
+    critic = PPOCritic.build(policy, cfg)  # None unless the algorithm has a critic (engine.objectives)
     sampler = PromptSampler(task.train, cfg.seed)
     update_gen = torch.Generator().manual_seed(cfg.seed)
     torch.manual_seed(cfg.seed)
@@ -242,6 +246,8 @@ def train(cfg: TrainConfig, run_name: str, logs_dir: str | Path = "logs", *, res
         if ckpt["cuda_rng"] is not None and torch.cuda.is_available():
             torch.cuda.set_rng_state_all(ckpt["cuda_rng"])
         random.setstate(ckpt["python_rng"])
+        if critic is not None:
+            critic.load(logs_dir / run_name / CHECKPOINT_DIR)
         start = ckpt["step"] + 1
     else:
         writer = RunWriter.create(logs_dir, run_name, algorithm=cfg.algo, task=cfg.task, config=cfg.to_dict(),
@@ -274,9 +280,12 @@ def train(cfg: TrainConfig, run_name: str, logs_dir: str | Path = "logs", *, res
                 # ---------------------------------------------------------- sample + reward + advantage
                 policy.eval()
                 batch = collect_batch(policy, ref if need_ref else None, tokenizer, task, sampler, cfg, tt)
+                if critic is not None:  # PPO: values, per-token rewards with the KL inside, GAE advantages
+                    critic.targets(batch, cfg)
 
                 # ---------------------------------------------------------- update
                 records = update(policy, optimizer, batch, cfg, update_gen)
+                critic_stats = critic.update(batch, cfg, update_gen) if critic is not None else None
 
                 # ---------------------------------------------------------- evaluate
                 out_of_time = bool(cfg.time_limit_minutes) and time.monotonic() - t_train >= 60 * cfg.time_limit_minutes
@@ -287,13 +296,15 @@ def train(cfg: TrainConfig, run_name: str, logs_dir: str | Path = "logs", *, res
                     heldout = ev.accuracy_greedy
 
                 # ---------------------------------------------------------- log
-                metrics = step_metrics(batch, records, ev, cfg)
+                metrics = step_metrics(batch, records, ev, cfg, critic_stats)
                 tables = step_tables(batch, records, ev, cfg, tt)
                 metrics["step_seconds"] = time.perf_counter() - t0
                 writer.log_step(step, metrics=metrics, **tables)
 
                 last = step
                 if cfg.checkpoint_every and step % cfg.checkpoint_every == 0:
+                    if critic is not None:
+                        critic.save(run_dir / CHECKPOINT_DIR)
                     save_checkpoint(run_dir, step, policy, optimizer, sampler, update_gen)
                 bar.update(1)
                 bar.set_postfix(reward=f"{metrics['reward_mean']:.2f}", acc=f"{metrics['accuracy']:.2f}",
@@ -302,6 +313,8 @@ def train(cfg: TrainConfig, run_name: str, logs_dir: str | Path = "logs", *, res
                 if stop.requested or out_of_time:
                     break
             if last >= start and not (cfg.checkpoint_every and last % cfg.checkpoint_every == 0):
+                if critic is not None:
+                    critic.save(run_dir / CHECKPOINT_DIR)
                 save_checkpoint(run_dir, last, policy, optimizer, sampler, update_gen)
             status = "stopped" if stop.requested and not final else "finished"
     except KeyboardInterrupt:
