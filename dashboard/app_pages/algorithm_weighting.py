@@ -13,6 +13,7 @@ import pandas as pd
 import streamlit as st
 
 from dashboard import charts, common, queries, recompute
+from engine.objectives import ALGORITHMS, uses_critic
 
 MAX_SCATTER_POINTS = 4000
 MAX_HEATMAP_ROWS = 48
@@ -62,15 +63,23 @@ else:
 
 # ---------------------------------------------------------------- knobs
 st.markdown("**Knobs** (edit a cell: every chart below is recomputed at once; start from the authors' defaults)")
+# An algorithm with a critic (PPO) takes its advantages from the critic's values: only a run that logged them has any.
+has_values = common.load("the critic's values", queries.run_has_values, logs, run, selection.version)
+algorithms = [a for a in ALGORITHMS if has_values or not uses_critic(a)]
+whitening = common.load("the whitening", queries.step_whitening, logs, run, step) if has_values else None
+if has_values:
+    st.caption("This run has a critic: every algorithm sees its logged GAE advantages; PPO sees them whitened with "
+               "the step's statistics, as its loss did.")
 knob_table = st.data_editor(
-    recompute.author_knobs(), hide_index=True, disabled=["algorithm"], key="weigh_knobs",
+    recompute.author_knobs(algorithms), hide_index=True, disabled=["algorithm"], key="weigh_knobs",
     column_config={k: st.column_config.NumberColumn(k, min_value=0.0, max_value=10.0, step=1e-4, format="%.4g")
                    for k in recompute.KNOBS},
 )
 
 
 @st.cache_data(ttl=queries.STEP_TTL, show_spinner="Asking each objective…", max_entries=32)
-def weigh_all(logs: str, run: str, step: int, rollout_ids: tuple, update: int, knobs: tuple):
+def weigh_all(logs: str, run: str, step: int, rollout_ids: tuple, update: int, knobs: tuple,
+              whitening: tuple | None):
     """(rollout ids, advantages (B, T), algorithm -> Weighting, algorithm -> refusal message), or None without tokens.
 
     Keyed by what identifies the tokens rather than by the tokens themselves: hashing a step's worth of token rows
@@ -82,7 +91,8 @@ def weigh_all(logs: str, run: str, step: int, rollout_ids: tuple, update: int, k
     results, errors = {}, {}
     for algo, overrides in knobs:
         try:
-            results[algo] = recompute.weigh(batch, algo, dict(overrides))
+            own = recompute.whitened(batch, *whitening) if whitening and uses_critic(algo) else batch
+            results[algo] = recompute.weigh(own, algo, dict(overrides))
         except ValueError as error:
             errors[algo] = str(error)
     return batch.rollout_ids, batch.advantages.numpy(), results, errors
@@ -101,7 +111,7 @@ knobs = tuple(
     (row["algorithm"], tuple((k, float(row[k])) for k in recompute.KNOBS if pd.notna(row[k])))
     for _, row in knob_table.iterrows()
 )
-weighed = common.load("the objectives", weigh_all, logs, run, step, rollout_ids, update, knobs)
+weighed = common.load("the objectives", weigh_all, logs, run, step, rollout_ids, update, knobs, whitening)
 if weighed is None:
     st.info("No tokens logged for these rollouts.")
     st.stop()
