@@ -83,3 +83,29 @@ def test_token_inspector_in_a_browser_escapes_tokens_and_updates_live(tmp_path):
     finally:
         writer.close()
     assert dialogs == []
+
+
+def test_advantages_page_in_a_browser_draws_every_scheme_and_keeps_logged_text_inert(tmp_path):
+    """The Advantages page served for real: its chart is drawn (one panel per scheme the run has) and a hostile
+    token or step text stays text (no element created, no dialog)."""
+    from playwright.sync_api import sync_playwright
+
+    from dashboard.synthetic import write_synthetic_run
+
+    screenshots = _screenshots_module()
+    assert "advantages" in screenshots.PAGES  # the page list the screenshots (and README images) go through
+    write_synthetic_run(str(tmp_path), "hostile", steps=1, hostile=True)
+    dialogs = []
+    with screenshots.serve_dashboard(tmp_path) as url, sync_playwright() as playwright:
+        browser = screenshots.launch_browser(playwright)
+        page = browser.new_page(viewport={"width": 1400, "height": 1000})
+        page.on("dialog", lambda dialog: (dialogs.append(dialog.message), dialog.dismiss()))
+        page.goto(f"{url}/{screenshots.PAGES['advantages'][0]}?run=hostile&step=0")
+        screenshots.wait_until_rendered(page)
+        page.wait_for_selector(".js-plotly-plot", timeout=60_000)
+        titles = page.locator(".js-plotly-plot .annotation-text").all_text_contents()  # SVG text
+        assert any(t.startswith("GRPO outcome advantage") for t in titles), titles
+        assert any(t.startswith("GRPO process advantage") for t in titles), titles
+        assert page.locator('[data-testid="stMain"] img').count() == 0
+        browser.close()
+    assert dialogs == []
