@@ -21,20 +21,9 @@ st.header("Advantages")
 st.caption("One group, one panel per scheme, on the same token axis. Dotted lines: where each reasoning step of "
            "the highlighted completion starts; red: steps its verifier scored as wrong.")
 
-summary = common.load("the groups", queries.group_summary, logs, run, step)
-rollouts = common.load("the rollouts", queries.step_rollouts, logs, run, step, "train")
-if summary.empty or rollouts.empty:
-    st.info(f"Step {step} of {common.md(run)} has no train groups.")
-    st.stop()
-
-group_ids = [int(g) for g in summary["group_id"]]
-mixed = summary[summary["outcome"] == "mixed"]["group_id"]
-outcome_of = dict(zip(summary["group_id"], summary["outcome"], strict=True))
+summary, rollouts = common.train_groups(selection)
 c1, c2 = st.columns(2)
-group_id, _ = common.initial_value("adv_group", "group", int, group_ids, int(mixed.iloc[0]) if len(mixed) else
-                                   group_ids[0])
-st.session_state["adv_group"] = group_id
-group_id = c1.selectbox("Group", group_ids, key="adv_group", format_func=lambda g: f"group {g} · {outcome_of[g]}")
+group_id = common.group_picker(c1, summary, "adv_group")
 common.set_url_value("group", group_id)
 group = rollouts[(rollouts["group_id"] == group_id) & (rollouts["length"] > 0)].sort_values("rollout_id")
 if group.empty:

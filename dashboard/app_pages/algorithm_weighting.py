@@ -24,25 +24,12 @@ st.header("Algorithm weighting")
 st.caption("The logged log-probs and advantages of one group (or the whole step) are fed to each algorithm's "
            "objective from `engine.objectives`: gradient weight = −∂loss/∂log π per token.")
 
-summary = common.load("the groups", queries.group_summary, logs, run, step)
-rollouts = common.load("the rollouts", queries.step_rollouts, logs, run, step, "train")
-if summary.empty:
-    st.info(f"Step {step} of {common.md(run)} has no train groups.")
-    st.stop()
+summary, rollouts = common.train_groups(selection)
 
 # ---------------------------------------------------------------- what to weigh
-group_ids = [int(g) for g in summary["group_id"]]
-mixed = summary[summary["outcome"] == "mixed"]["group_id"]
-first_mixed = int(mixed.iloc[0]) if len(mixed) else group_ids[0]  # a group with signal is the useful default
-outcome_of = dict(zip(summary["group_id"], summary["outcome"], strict=True))
 c1, c2, c3 = st.columns([2, 3, 2])
 scope = c1.radio("Tokens of", ["one group", "the whole step"], horizontal=True, key="weigh_scope")
-group_id = None
-if scope == "one group":
-    group_id, _ = common.initial_value("weigh_group", "group", int, group_ids, first_mixed)
-    st.session_state["weigh_group"] = group_id
-    group_id = c2.selectbox("Group", group_ids, key="weigh_group",
-                            format_func=lambda g: f"group {g} · {outcome_of[g]}")
+group_id = common.group_picker(c2, summary, "weigh_group") if scope == "one group" else None
 common.set_url_value("group", group_id)
 chosen = rollouts if group_id is None else rollouts[rollouts["group_id"] == group_id]
 rollout_ids = tuple(int(r) for r in chosen["rollout_id"])
