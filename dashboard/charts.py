@@ -124,7 +124,9 @@ def metric_curves(
     # Plain numpy per run: pandas indexing in this double loop cost more than drawing the figure.
     runs_column = steps["run"].astype(str).to_numpy()
     step_column = steps["step"].to_numpy()
-    few_steps = len(np.unique(step_column)) <= 10 if x_range is None else x_range[1] - x_range[0] <= 11
+    # by the span of steps, not their count: 9 evaluated steps spread over 0..75 want plotly's own ticks
+    span = float(step_column.max() - step_column.min()) if len(step_column) else 0.0
+    few_steps = span <= 10 if x_range is None else x_range[1] - x_range[0] <= 11
     by_run = [(run, runs_column == run) for run in sorted(set(runs_column))]  # (run, row mask)
     for i, (col, _title) in enumerate(metrics):
         values = pd.to_numeric(steps[col], errors="coerce").to_numpy(dtype=float)

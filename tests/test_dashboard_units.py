@@ -142,3 +142,13 @@ def test_weighting_and_sandbox_take_their_lists_and_numbers_from_the_engine():
     advantages, normalized = recompute.process_sandbox(rewards, lengths)
     assert normalized == normalized_step_rewards(rewards)
     np.testing.assert_array_equal(advantages, process_advantages(rewards, [[3, 7, 9], [2, 5, 8]], [10, 9]).numpy())
+
+
+def test_metric_curves_tick_every_step_only_when_the_steps_span_few():
+    # 9 evaluated steps spread over 0..80 (a 10-minute run evaluated every 10): one tick per step would print 80
+    # overlapping labels; 6 consecutive steps still get one tick each.
+    spread = pd.DataFrame({"run": "a", "step": np.arange(0, 90, 10), "heldout_accuracy": np.linspace(0.2, 0.4, 9)})
+    figure = charts.metric_curves(spread, [("heldout_accuracy", "acc")])
+    assert figure.layout.xaxis.dtick is None
+    dense = pd.DataFrame({"run": "a", "step": np.arange(6), "heldout_accuracy": np.linspace(0.2, 0.4, 6)})
+    assert charts.metric_curves(dense, [("heldout_accuracy", "acc")]).layout.xaxis.dtick == 1
