@@ -20,7 +20,9 @@ with R the GAE return and V_old the value at sampling time.
 
 Measured per step: the critic's extra wall time (its forward for the targets plus its update) and its memory:
 parameters, gradients and AdamW state (4 x parameter bytes) plus the largest activation footprint of one update pass
-(the bytes autograd saves for backward, counted with saved-tensor hooks; on CPU there is no allocator to ask).
+(the memory blocks autograd keeps for backward, each counted once, found with saved-tensor hooks; on CPU there is no
+allocator to ask). It is what the critic needs at its peak, not what it adds to the process's peak: its update runs
+after the policy's and reuses the memory the policy's activations freed (benchmarks/bench_ppo.py measures both).
 """
 
 from __future__ import annotations
@@ -147,11 +149,14 @@ class CriticStats:
 
 
 @contextlib.contextmanager
-def _saved_bytes(counter: list[int]):
-    """Adds to counter[0] the bytes of every tensor autograd saves for backward inside the block."""
+def _saved_storages(storages: dict[int, int], exclude: set[int]):
+    """Records in `storages` (address -> bytes) each memory block autograd keeps for backward inside the block, once
+    however many saved tensors view it; blocks in `exclude` (the weights, counted apart) are left out."""
 
     def pack(t: torch.Tensor) -> torch.Tensor:
-        counter[0] += t.numel() * t.element_size()
+        storage = t.untyped_storage()
+        if storage.data_ptr() not in exclude:
+            storages[storage.data_ptr()] = storage.nbytes()
         return t
 
     with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
@@ -221,6 +226,7 @@ class PPOCritic:
         P = batch.prompt_len
         params = [p for p in self.model.parameters() if p.requires_grad]
         static_bytes = 4 * sum(p.numel() * p.element_size() for p in params)  # weights, grads, AdamW m and v
+        weights = {p.untyped_storage().data_ptr() for p in params}
         losses, clip_fracs, norms, peak_saved = [], [], [], 0
         self.model.train(False)  # no dropout: the first pass reproduces the sampling-time values
         for _epoch in range(cfg.epochs):
@@ -228,8 +234,8 @@ class PPOCritic:
             for idx in perm.tensor_split(cfg.minibatches):
                 idx = idx.sort().values.to(batch.input_ids.device)
                 t_mb = int(batch.token_mask[idx].sum(-1).max().item())
-                saved = [0]
-                with _saved_bytes(saved):
+                saved: dict[int, int] = {}
+                with _saved_storages(saved, weights):
                     values = self.model(batch.input_ids[idx, : P + t_mb], batch.attention_mask[idx, : P + t_mb], P)
                     loss, clip_frac = value_loss(values, batch.values[idx, :t_mb], batch.returns[idx, :t_mb],
                                                  batch.loss_mask[idx, :t_mb], cfg.value_clip)
@@ -241,7 +247,7 @@ class PPOCritic:
                 self.optimizer.step()
                 losses.append(float(loss.detach()))
                 clip_fracs.append(float(clip_frac))
-                peak_saved = max(peak_saved, saved[0])
+                peak_saved = max(peak_saved, sum(saved.values()))
         return CriticStats(
             value_loss=sum(losses) / len(losses), value_clip_frac=sum(clip_fracs) / len(clip_fracs),
             explained_variance=self._explained, grad_norm=sum(norms) / len(norms),
