@@ -21,7 +21,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-PAGES = ["runs", "replay", "groups", "token_inspector", "prm_steps", "algorithm_weighting"]
+PAGES = ["runs", "replay", "groups", "token_inspector", "prm_steps", "advantages", "algorithm_weighting"]
 RUN = "bench-1m"
 
 
