@@ -195,12 +195,13 @@ class PPOCritic:
         batch.loss_advantages (what the policy loss uses: whitened when `whiten_advantages`); each rollout's
         `advantage` becomes its first token's GAE advantage."""
         t0 = time.perf_counter()
-        if batch.ref_logp is None:
+        if batch.ref_logp is None and cfg.kl_coef:
             raise ValueError("PPO needs the reference log-probs for the KL part of its reward; the batch has none")
+        ref_logp = batch.old_logp if batch.ref_logp is None else batch.ref_logp  # kl_coef 0: no KL part
         T = batch.token_mask.shape[1]
         values = self.model(batch.input_ids, batch.attention_mask, batch.prompt_len) * batch.token_mask  # (B, T)
         scores = score_rewards(batch.rollouts, T, cfg.supervision).to(values.device)  # (B, T)
-        rewards, kl_reward = token_rewards(scores, batch.old_logp, batch.ref_logp, batch.token_mask, cfg.kl_coef)
+        rewards, kl_reward = token_rewards(scores, batch.old_logp, ref_logp, batch.token_mask, cfg.kl_coef)
         adv, returns = gae_advantages(rewards, values, batch.token_mask, cfg.gae_gamma, cfg.gae_lambda)
         batch.values, batch.kl_reward, batch.returns, batch.advantages = values, kl_reward, returns, adv
         if cfg.whiten_advantages:

@@ -175,3 +175,11 @@ def test_ppo_run_resumes_with_its_critic(ppo_run, run_tiny):
     with RunReader(logs_dir) as r:
         steps = r.sql("SELECT step, value_loss FROM steps WHERE run = ? AND step > 0 ORDER BY step", [run])
     assert steps.step.tolist() == [1, 2, 3] and steps.value_loss.notna().all()
+
+
+def test_ppo_without_kl_or_token_logging_needs_no_reference(tmp_path, run_tiny):
+    # kl_coef 0 and no per-token rows: the reference forward is skipped, and the critic must not ask for it
+    status = run_tiny(tmp_path, "ppo-no-ref", algo="ppo", steps=1, eval_every=0, kl_coef=0.0, log_tokens=False)
+    assert status == "finished"
+    with RunReader(tmp_path) as r:
+        assert r.sql("SELECT value_loss FROM steps WHERE run = 'ppo-no-ref'").value_loss.notna().all()
