@@ -22,7 +22,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "tests"))  # the synthetic run is test data: tests/synthetic_runs.py
 
-PAGES = ["runs", "replay", "groups", "token_inspector", "prm_steps", "algorithm_weighting", "token_stats",
+PAGES = ["runs", "replay", "groups", "token_inspector", "prm_steps", "advantages", "algorithm_weighting", "token_stats",
          "token_trajectories"]
 RUN = "bench-1m"
 

@@ -30,6 +30,8 @@ CURVE_METRICS: list[tuple[str, str]] = [
     ("response_len_mean", "response length (mean)"),
     ("truncated_frac", "truncated fraction"),
     ("groups_filtered", "filtered groups"),
+    ("value_loss", "value loss (critic)"),  # the two critic curves appear only for runs with a critic (PPO)
+    ("explained_variance", "explained variance (critic)"),
 ]
 
 CLIP_COLOURS = {CLIP_NONE: "rgba(0,0,0,0)", CLIP_LOW: "#1f77b4", CLIP_HIGH: "#d62728", CLIP_CAP: "#9467bd"}
@@ -123,7 +125,9 @@ def metric_curves(
     # Plain numpy per run: pandas indexing in this double loop cost more than drawing the figure.
     runs_column = steps["run"].astype(str).to_numpy()
     step_column = steps["step"].to_numpy()
-    few_steps = len(np.unique(step_column)) <= 10 if x_range is None else x_range[1] - x_range[0] <= 11
+    # by the span of steps, not their count: 9 evaluated steps spread over 0..75 want plotly's own ticks
+    span = float(step_column.max() - step_column.min()) if len(step_column) else 0.0
+    few_steps = span <= 10 if x_range is None else x_range[1] - x_range[0] <= 11
     by_run = [(run, runs_column == run) for run in sorted(set(runs_column))]  # (run, row mask)
     for i, (col, _title) in enumerate(metrics):
         values = pd.to_numeric(steps[col], errors="coerce").to_numpy(dtype=float)
@@ -469,3 +473,50 @@ def entropy_bin_bars(bins: pd.DataFrame, n_bins: int, split: float) -> go.Figure
                                        "showarrow": False, "font": {"size": 11}})
     return grid.figure(height=340, barmode="group", bargap=0.15, margin={"l": 50, "r": 10, "t": 40, "b": 40},
                        legend={"orientation": "h", "y": -0.25}, shapes=shapes)
+
+
+def advantage_schemes(schemes: pd.DataFrame, titles: list[tuple[str, str]], labels: dict[int, str],
+                      highlight: int, steps: pd.DataFrame, tokens: pd.DataFrame) -> go.Figure:
+    """One panel per scheme (rows, in `titles` order, schemes without rows skipped) on one token axis, one line per
+    completion of the group; the `highlight`ed completion drawn bold with its reasoning steps marked on every panel
+    (boundaries dashed, steps the verifier scored as wrong shaded red), the others faint.
+
+    schemes: long rows (rollout_id, position, scheme, value) from dashboard.recompute.advantage_schemes; steps: the
+    highlighted completion's logged steps (first_pos, last_pos, reward_raw); tokens: its tokens (token_text) for the
+    hover text."""
+    present = [(key, title) for key, title in titles if (schemes["scheme"] == key).any()]
+    n = max(1, len(present))
+    grid = Subplots(n, 1, [t for _, t in present], vspace=0.3 / n, shared_x=True)
+    hover = [visible_text(str(t)).replace("<br>", "") for t in tokens.sort_values("position")["token_text"]]
+    rollout_ids = sorted(labels)
+    for i, (key, _title) in enumerate(present):
+        rows = schemes[schemes["scheme"] == key]
+        for j, rid in enumerate(rollout_ids):
+            line = rows[rows["rollout_id"] == rid].sort_values("position")
+            bold = rid == highlight
+            grid.add(i, {
+                "type": "scatter", "x": line["position"].to_numpy(), "y": line["value"].to_numpy(dtype=float),
+                "mode": "lines+markers" if bold else "lines", "line": {"shape": "hv", "width": 3 if bold else 1,
+                                                                       "color": PALETTE[j % len(PALETTE)]},
+                "opacity": 1.0 if bold else 0.35, "marker": {"size": 5}, "name": labels[rid],
+                "legendgroup": str(rid), "showlegend": i == 0,
+                **({"customdata": hover[: len(line)],
+                    "hovertemplate": "#%{x} %{customdata}<br>%{y:.4g}<extra>" + labels[rid] + "</extra>"}
+                   if bold else {"hoverinfo": "skip"}),
+            })
+        grid.axis(i, "y").update(zeroline=True)
+    grid.axis(n - 1, "x").update(title={"text": "token position"})
+    shapes = []
+    for step in steps.sort_values("step_index").itertuples(index=False):
+        wrong = float(step.reward_raw) < 0
+        for i in range(n):
+            x, y = grid.ref(i)
+            if wrong:
+                shapes.append({"type": "rect", "xref": x, "yref": f"{y} domain", "x0": step.first_pos - 0.5,
+                               "x1": step.last_pos + 0.5, "y0": 0, "y1": 1, "fillcolor": "#d62728", "opacity": 0.12,
+                               "line": {"width": 0}, "layer": "below"})
+            shapes.append({"type": "line", "xref": x, "yref": f"{y} domain", "x0": step.first_pos - 0.5,
+                           "x1": step.first_pos - 0.5, "y0": 0, "y1": 1, "line": {"color": "#888", "width": 1,
+                                                                                   "dash": "dot"}})
+    return grid.figure(height=max(300, 210 * n), shapes=shapes, margin={"l": 50, "r": 10, "t": 40, "b": 40},
+                       legend={"orientation": "h", "y": 1.0 + 0.12 / n, "yanchor": "bottom"})

@@ -188,3 +188,33 @@ def load(what: str, function, *args, **kwargs):
     except Exception as error:  # a damaged Parquet file, a vanished run, a DuckDB error: all shown, none fatal
         show_error(what, error)
         st.stop()
+
+
+def train_groups(selection: Selection):
+    """(group summary, train rollouts) of the selected step (dashboard.queries), or stop the page saying there are
+    none."""
+    from dashboard import queries
+
+    summary = load("the groups", queries.group_summary, selection.logs_dir, selection.run, selection.step)
+    rollouts = load("the rollouts", queries.step_rollouts, selection.logs_dir, selection.run, selection.step, "train")
+    rollouts = rollouts[rollouts["rollout_id"].notna()]  # without an id a rollout's tokens cannot be found
+    summary = summary[summary["group_id"].notna()]  # rollouts logged without a group_id still count for the whole step
+    if rollouts.empty:
+        st.info(f"Step {selection.step} of {md(selection.run)} has no train rollouts with a rollout_id.")
+        st.stop()
+    return summary, rollouts
+
+
+def group_picker(container, summary, state_key: str) -> int | None:
+    """A selectbox of the step's train groups labelled with their outcome, defaulting to the first mixed one (a group
+    with signal), started from the URL's `group`; the caller mirrors the choice back into the URL. None when no
+    rollout of the step was logged with a group."""
+    group_ids = [int(g) for g in summary["group_id"]]
+    if not group_ids:
+        container.caption("No rollout of this step was logged with a group_id.")
+        return None
+    mixed = summary[summary["outcome"] == "mixed"]["group_id"]
+    outcome_of = dict(zip(summary["group_id"], summary["outcome"], strict=True))
+    group_id, _ = initial_value(state_key, "group", int, group_ids, int(mixed.iloc[0]) if len(mixed) else group_ids[0])
+    st.session_state[state_key] = group_id
+    return container.selectbox("Group", group_ids, key=state_key, format_func=lambda g: f"group {g} · {outcome_of[g]}")

@@ -247,6 +247,35 @@ def prm_steps(logs_dir: str, run: str, step: int, rollout_ids: tuple[int, ...]) 
     )
 
 
+@st.cache_data(ttl=STEP_TTL, show_spinner=False)
+def critic_tokens(logs_dir: str, run: str, step: int, rollout_ids: tuple[int, ...]) -> pd.DataFrame:
+    """Tokens of some rollouts with the logged advantage and, for runs with a critic, value, return and the KL part
+    of the reward (NULL otherwise)."""
+    return sql(
+        logs_dir,
+        """SELECT rollout_id, position, token_text, advantage, value, "return", kl_reward, prm_step FROM tokens
+           WHERE run = ? AND step = ? AND list_contains(?, rollout_id) ORDER BY rollout_id, position""",
+        [run, step, list(rollout_ids)],
+    )
+
+
+@st.cache_data(ttl=STEP_TTL, show_spinner=False)
+def step_whitening(logs_dir: str, run: str, step: int) -> tuple[float, float] | None:
+    """(mean, std) a critic run's loss whitened this step's GAE advantages with; None without a critic."""
+    frame = sql(logs_dir, "SELECT advantage_mean, advantage_std FROM steps WHERE run = ? AND step = ?", [run, step])
+    if frame.empty or frame[["advantage_mean", "advantage_std"]].isna().any(axis=None):
+        return None
+    return float(frame["advantage_mean"].iloc[0]), float(frame["advantage_std"].iloc[0])
+
+
+@st.cache_data(ttl=RUN_TTL, show_spinner=False)
+def run_has_values(logs_dir: str, run: str, version: tuple) -> bool:
+    """The run logged a critic's values (a PPO run)."""
+    frame = sql(logs_dir, "SELECT count(*) AS n FROM (SELECT 1 FROM tokens WHERE run = ? AND value IS NOT NULL "
+                "LIMIT 1)", [run])
+    return bool(frame["n"].iloc[0])
+
+
 @st.cache_data(ttl=RUN_TTL, show_spinner=False)
 def run_has_prm(logs_dir: str, run: str, version: tuple) -> bool:
     frame = sql(logs_dir, "SELECT count(*) AS n FROM (SELECT 1 FROM prm_steps WHERE run = ? LIMIT 1)", [run])

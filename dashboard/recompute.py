@@ -17,8 +17,8 @@ import torch
 from engine.logrows import LoggedBatch, batch_from_tokens
 from engine.objectives import ALGORITHMS, CLIP_EVENTS, CLIP_NAMES, defaults, policy_loss
 
-__all__ = ["KNOBS", "Weighting", "author_knobs", "batch_from_tokens", "clip_fraction_row", "clip_region",
-           "process_sandbox", "weigh"]
+__all__ = ["KNOBS", "SCHEMES", "Weighting", "advantage_schemes", "author_knobs", "batch_from_tokens",
+           "clip_fraction_row", "clip_region", "process_sandbox", "weigh", "whitened"]
 
 KNOBS = ("eps_low", "eps_high", "beta")
 
@@ -87,3 +87,59 @@ def process_sandbox(step_rewards: list[list[float]], step_lengths: list[list[int
     lengths = [int(sum(lengths)) for lengths in step_lengths]
     advantages = process_advantages(step_rewards, step_ends, lengths)
     return advantages.detach().numpy(), normalized_step_rewards(step_rewards)  # (G, maxlen), per step
+
+
+# The per-token advantage schemes of the Advantages page, in the order they are drawn: (key, title).
+SCHEMES = (
+    ("grpo_outcome", "GRPO outcome advantage: one number for every token of a completion"),
+    ("grpo_process", "GRPO process advantage: sum of the normalized step rewards from the token's step on"),
+    ("ppo_gae", "PPO GAE advantage (before whitening)"),
+    ("ppo_value", "PPO critic's value V(token)"),
+    ("ppo_kl_reward", "PPO KL part of the reward: −kl_coef · (log π_old − log π_ref)"),
+)
+
+
+def advantage_schemes(rollouts: pd.DataFrame, tokens: pd.DataFrame, prm_steps: pd.DataFrame,
+                      scale_by_std: bool = True) -> pd.DataFrame:
+    """Every scheme's per-token value for one group, long form: rollout_id, position, scheme (a SCHEMES key), value.
+
+    rollouts: the group's rollouts (rollout_id, reward, length); tokens: their logged tokens (queries.critic_tokens);
+    prm_steps: their logged reasoning steps (rollout_id, last_pos, reward_raw). The GRPO schemes are recomputed
+    from the logged rewards with `engine.advantages` whatever the run trained with (outcome: `group_advantages`
+    over the group's rewards; process: `process_advantages` over its raw step scores, absent without steps); the
+    PPO schemes are the logged columns of a run with a critic (absent otherwise)."""
+    from engine.advantages import group_advantages, process_advantages
+
+    rollouts = rollouts.sort_values("rollout_id")
+    ids = [int(r) for r in rollouts["rollout_id"]]
+    lengths = [int(n) for n in rollouts["length"]]
+    parts = []
+
+    def add(scheme: str, rollout_id: int, values: np.ndarray) -> None:
+        parts.append(pd.DataFrame({"rollout_id": rollout_id, "position": np.arange(len(values)), "scheme": scheme,
+                                   "value": values}))
+
+    outcome = group_advantages(rollouts["reward"].to_numpy(dtype=float).copy(), len(ids), scale_by_std=scale_by_std)
+    for rid, n, a in zip(ids, lengths, outcome.tolist(), strict=True):
+        add("grpo_outcome", rid, np.full(n, a))
+    if len(prm_steps):
+        steps = prm_steps.sort_values(["rollout_id", "step_index"])
+        rewards = [steps[steps["rollout_id"] == r]["reward_raw"].astype(float).tolist() for r in ids]
+        ends = [steps[steps["rollout_id"] == r]["last_pos"].astype(int).tolist() for r in ids]
+        process = process_advantages(rewards, ends, lengths).numpy()  # (G, max length)
+        for i, (rid, n) in enumerate(zip(ids, lengths, strict=True)):
+            add("grpo_process", rid, process[i, :n])
+    if "value" in tokens and tokens["value"].notna().any():
+        for column, scheme in (("advantage", "ppo_gae"), ("value", "ppo_value"), ("kl_reward", "ppo_kl_reward")):
+            parts.append(tokens[["rollout_id", "position"]].assign(
+                scheme=scheme, value=pd.to_numeric(tokens[column], errors="coerce").to_numpy(dtype=float)))
+    if not parts:
+        return pd.DataFrame(columns=["rollout_id", "position", "scheme", "value"])
+    return pd.concat(parts, ignore_index=True)
+
+
+def whitened(batch: LoggedBatch, mean: float, std: float) -> LoggedBatch:
+    """`batch` with its logged GAE advantages whitened by the step's statistics: what a critic run's loss used."""
+    from dataclasses import replace
+
+    return replace(batch, advantages=(batch.advantages - mean) / std * batch.mask)

@@ -145,6 +145,8 @@ page = st.navigation(
         st.Page(PAGES_DIR / "token_stats.py", title="Token statistics", icon=":material/query_stats:",
                 url_path="token-stats"),
         st.Page(PAGES_DIR / "prm_steps.py", title="PRM steps", icon=":material/stairs:", url_path="prm"),
+        st.Page(PAGES_DIR / "advantages.py", title="Advantages", icon=":material/stacked_line_chart:",
+                url_path="advantages"),
         st.Page(PAGES_DIR / "algorithm_weighting.py", title="Algorithm weighting", icon=":material/balance:",
                 url_path="weighting"),
     ]

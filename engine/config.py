@@ -63,6 +63,10 @@ LOOP_DEFAULTS: dict[str, Any] = {
 }
 
 
+# TrainConfig fields only algorithms with a critic use (engine.critic); None for every other algorithm.
+CRITIC_FIELDS = ("kl_coef", "gae_gamma", "gae_lambda", "whiten_advantages", "value_clip", "value_coef", "critic_lr")
+
+
 def _objective_fields() -> tuple[str, ...]:
     from engine.objectives import OBJECTIVES
 
@@ -147,6 +151,30 @@ class TrainConfig:
     # ------------------------------------------------------------------ advantages
     scale_adv_by_std: bool | None = None
     """Divide the group-centred reward by the group std (GRPO). Preset: off for dr_grpo (arXiv 2503.20783)."""
+
+    # ------------------------------------------------------------------ critic and GAE (algorithms with a critic: ppo)
+    kl_coef: float | None = None
+    """PPO: weight of the KL to pi_ref inside the per-token reward, r_t = score_t - kl_coef * (log pi_old - log
+    pi_ref) on every token (Ziegler et al. 2019, arXiv 1909.08593; Ouyang et al. 2022 used 0.02). Preset 0.05 (TRL's
+    PPO trainer). None for algorithms without a critic."""
+    gae_gamma: float | None = None
+    """PPO: GAE discount gamma (Schulman et al., arXiv 1506.02438). Preset 1.0: no discount within a completion, as in
+    Ziegler et al. 2019 and the 'N implementation details of RLHF with PPO' write-up (Huang et al.)."""
+    gae_lambda: float | None = None
+    """PPO: GAE lambda, the bias/variance trade-off between TD(0) (0) and the Monte Carlo return (1). Preset 0.95
+    (Ziegler et al. 2019; Huang et al.'s write-up)."""
+    whiten_advantages: bool | None = None
+    """PPO: whiten the GAE advantages over the batch's loss tokens ((A - mean) / std) before the loss, as
+    the usual implementations do (Ziegler et al. 2019; TRL). Preset: on."""
+    value_clip: float | None = None
+    """PPO: the new value may leave the value it had at sampling time by at most this much before its squared error
+    stops counting (clipped value loss, max of the clipped and unclipped errors). Preset 0.2 (Ziegler et al. 2019)."""
+    value_coef: float | None = None
+    """PPO: coefficient of the value loss (vf_coef). Preset 0.1 (Ziegler et al. 2019; TRL). The critic is a
+    separate model with its own AdamW, so this mostly sets how much of its gradient the norm clip lets through."""
+    critic_lr: float | None = None
+    """PPO: the critic's AdamW learning rate. None: 10 x lr. Higher than the policy's because the value head starts
+    at zero and must learn the reward's scale within the minutes a run lasts (papers share one lr at 1e-6..1e-5)."""
 
     # ------------------------------------------------------------------ objective (None: engine.objectives.defaults)
     eps_low: float | None = None
@@ -238,6 +266,8 @@ class TrainConfig:
             self.overlong_cache_len = max(1, self.overlong_max_len // 5)
         if self.eval_temperature is None:
             self.eval_temperature = self.temperature
+        if self.critic_lr is None and objectives.uses_critic(self.algo):
+            self.critic_lr = 10 * self.lr
         self.validate()
 
     def validate(self) -> None:
@@ -313,12 +343,35 @@ class TrainConfig:
         for name in ("eval_every", "checkpoint_every"):
             if getattr(self, name) < 0:
                 bad(f"{name} must be >= 0 (0 disables it), got {getattr(self, name)}")
+        self._validate_critic(bad)
         if self.eval_size < 1:
             bad(f"eval_size must be >= 1, got {self.eval_size}")
         if self.model_size not in ("default", "tiny"):
             bad(f"model_size must be 'default' or 'tiny', got {self.model_size!r}")
         if self.sft_steps is not None and self.sft_steps < 0:
             bad(f"sft_steps must be >= 0, got {self.sft_steps}")
+
+    def _validate_critic(self, bad) -> None:
+        from engine import objectives
+
+        given = [name for name in CRITIC_FIELDS if getattr(self, name) is not None]
+        if not objectives.uses_critic(self.algo):
+            if given:
+                critics = objectives.CRITIC_ALGORITHMS
+                bad(f"{', '.join(given)} only apply to algorithms with a critic ({', '.join(critics)}), not to "
+                    f"{self.algo!r}; drop them or use --algo {critics[0]}")
+            return
+        if self.kl_coef < 0:
+            bad(f"kl_coef must be >= 0, got {self.kl_coef}")
+        for name in ("gae_gamma", "gae_lambda"):
+            if not 0.0 <= getattr(self, name) <= 1.0:
+                bad(f"{name} must be in [0, 1], got {getattr(self, name)}")
+        if self.value_clip <= 0:
+            bad(f"value_clip must be > 0, got {self.value_clip}")
+        if self.value_coef <= 0:
+            bad(f"value_coef must be > 0, got {self.value_coef}")
+        if self.critic_lr <= 0:
+            bad(f"critic_lr must be > 0, got {self.critic_lr}")
 
     # ------------------------------------------------------------------ derived values
 

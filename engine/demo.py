@@ -1,4 +1,4 @@
-"""The demo comparison: one task, one seed, one warm-started model, trained five ways, logging live.
+"""The demo comparison: one task, one seed, one warm-started model, trained six ways, logging live.
 
 `policylens demo` (the README's run command) starts it in the background when the logs folder holds no demo runs
 yet, then serves the dashboard, which shows the runs filling in. The dashboard's empty state starts the same demo
@@ -8,7 +8,7 @@ How it runs:
 1. One supervisor process (`python -m engine.demo`) owns the demo; its pid is kept in `<logs>/.demo/pid`, so a
    second start while it lives is a no-op.
 2. The first run builds the shared cached warm start alone, on every core (it reports its SFT progress in
-   `<logs>/.demo/warmstart.json`); once it has logged its first step the other four start, and all five train
+   `<logs>/.demo/warmstart.json`); once it has logged its first step the other five start, and all six train
    side by side, each in its own `policylens train` process with one thread, so all curves fill in together.
 3. Runs already finished are kept; runs stopped or crashed part way are resumed (losing at most the step in
    flight); `--fresh` deletes the demo runs (and only those) and trains them again.
@@ -46,10 +46,11 @@ DEMO_RUNS = (
     DemoRun("demo-dapo", "dapo"),
     DemoRun("demo-gspo", "gspo"),
     DemoRun("demo-aspo", "aspo"),
+    DemoRun("demo-ppo", "ppo"),  # the critic GRPO removed: the Advantages page compares it with GRPO's schemes
 )
 DEMO_TASK = "linear"
 DEMO_SEED = 0
-# Chosen so that the five runs finish in under 20 minutes on 2 CPU cores (measured: see README).
+# Chosen so that the six runs finish in under 20 minutes on 2 CPU cores (measured: see README).
 DEMO_STEPS = 40
 DEMO_EVAL_EVERY = 5
 WARM_START_PROGRESS = "warmstart.json"

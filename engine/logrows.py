@@ -98,8 +98,9 @@ def _rollout_rows(rollouts: list[Rollout], kind: str, first_id: int, group_offse
 
 
 def _token_rows(rollouts: list[Rollout], first_id: int, tt: TokenText, old_logp, ref_logp, entropy,
-                advantages) -> dict:
-    """Token rows of rollouts whose (n, T) tensors are given (rows in the same order as `rollouts`)."""
+                advantages, critic: tuple | None = None) -> dict:
+    """Token rows of rollouts whose (n, T) tensors are given (rows in the same order as `rollouts`); `critic` is
+    (values, returns, kl_reward) of a critic algorithm's batch (else those columns are NULL)."""
     lengths = [r.length for r in rollouts]
     n = sum(lengths)
     rid = np.repeat(np.arange(first_id, first_id + len(rollouts)), lengths)
@@ -123,6 +124,7 @@ def _token_rows(rollouts: list[Rollout], first_id: int, tt: TokenText, old_logp,
         "token_text": [tt.token(t) for t in token_ids], "old_logp": flat(old_logp), "ref_logp": flat(ref_logp),
         "entropy": flat(entropy), "advantage": flat(advantages) if advantages is not None else np.zeros(n),
         "prm_step": [None if p < 0 else int(p) for p in prm],
+        **({"value": flat(critic[0]), "return": flat(critic[1]), "kl_reward": flat(critic[2])} if critic else {}),
     }
 
 
@@ -169,15 +171,26 @@ def eval_tables(ev: EvalResult, first_id: int, group_offset: int, tt: TokenText,
 
 
 def _concat(a: dict | None, b: dict | None) -> dict | None:
+    """Rows of `a` then rows of `b`; a column only one side has is NaN on the other's rows (e.g. the critic's
+    values, which held-out rollouts do not get)."""
     if a is None or b is None:
         return a if b is None else b
-    return {k: list(a[k]) + list(b[k]) if isinstance(a[k], list) else np.concatenate([a[k], b[k]]) for k in a}
+
+    def column(d: dict, k: str):
+        return d[k] if k in d else np.full(len(next(iter(d.values()))), np.nan)
+
+    out = {}
+    for k in dict.fromkeys([*a, *b]):
+        x, y = column(a, k), column(b, k)
+        out[k] = list(x) + list(y) if isinstance(x, list) or isinstance(y, list) else np.concatenate([x, y])
+    return out
 
 
-def step_metrics(batch: Batch, records: list[PassRecord], ev: EvalResult | None, cfg) -> dict:
+def step_metrics(batch: Batch, records: list[PassRecord], ev: EvalResult | None, cfg, critic_stats=None) -> dict:
     """One `steps` row. Rewards, accuracy and lengths cover every sampled rollout of the step (dropped groups
     included, so DAPO's training accuracy is not biased towards 50%); clip fractions are over loss tokens of all
-    passes; KL is the mean per-token k3 KL to pi_ref over the loss tokens of each pass, averaged over passes."""
+    passes; KL is the mean per-token k3 KL to pi_ref over the loss tokens of each pass, averaged over passes.
+    `critic_stats` (engine.critic.CriticStats) adds the critic's columns."""
     tm = batch.token_mask.cpu()  # (B, T)
     lm = batch.loss_mask.cpu()  # (B, T)
     n_loss_tokens = max(1.0, sum(float(lm[r.idx].sum()) for r in records))  # every pass's own loss tokens
@@ -207,6 +220,7 @@ def step_metrics(batch: Batch, records: list[PassRecord], ev: EvalResult | None,
         "loss": float(np.mean([r.loss for r in records])),
         "grad_norm": float(np.mean([r.grad_norm for r in records])),
         "lr": cfg.lr,
+        **(critic_stats.metrics() if critic_stats is not None else {}),
     }
 
 
@@ -224,8 +238,9 @@ def step_tables(batch: Batch, records: list[PassRecord], ev: EvalResult | None, 
     rollouts = _concat(rollouts, _rollout_rows(batch.dropped, "train", B, 0))
     tokens = passes = prm = None
     if cfg.log_tokens:
+        critic = (batch.values, batch.returns, batch.kl_reward) if batch.values is not None else None
         tokens = _token_rows(batch.rollouts, 0, tt, batch.old_logp, batch.ref_logp, batch.entropy,
-                             batch.advantages)
+                             batch.advantages, critic)
         passes = _pass_rows(records, batch)
         prm = _concat(_prm_rows(batch.rollouts, 0), _prm_rows(batch.dropped, B))
     if ev is not None:

@@ -35,6 +35,10 @@ Published defaults (each entry's `doc` names the paper and section they come fro
 | cispo      | token          | cispo     | 1.0 / 0.28             | 0     | token-mean              |
 | sapo       | token          | sapo      | (tau 1.0 / 1.05)       | 0     | seq-mean-token-mean     |
 | gmpo       | geometric      | linear    | 0.4 / 0.4 (log space)  | 0     | seq-mean                |
+| ppo        | token          | ppo-clip  | 0.2 / 0.2              | 0 (*) | token-mean              |
+
+(*) PPO puts the KL to pi_ref inside the per-token reward (`kl_coef`, engine.critic), not into the loss, and takes
+its advantages from a critic and GAE (`Objective.critic`): the objective itself is only the clipped surrogate.
 
 Gradient weight. `grad_weight[i, t] = -dLoss/dlogp[i, t]` of the TOTAL loss (policy term + beta * KL), in closed
 form (no autograd), 0 on masked tokens. It is the coefficient of grad log pi(o_it) in the update, i.e. what the
@@ -86,6 +90,7 @@ __all__ = [
     "CLIP_LOW",
     "CLIP_NAMES",
     "CLIP_NONE",
+    "CRITIC_ALGORITHMS",
     "OBJECTIVES",
     "RATIO_LEVELS",
     "SAPO_SOFT_CAP_LEVEL",
@@ -98,6 +103,7 @@ __all__ = [
     "loop_defaults",
     "policy_loss",
     "resolve",
+    "uses_critic",
 ]
 
 AGGREGATIONS = ("seq-mean-token-mean", "token-mean", "seq-mean-token-sum-norm", "seq-mean")
@@ -124,7 +130,8 @@ class Objective:
     `extra` holds the algorithm-specific knobs (name, default). Every name returned by `defaults()` is an
     accepted override of `policy_loss`; `max_len` (Dr. GRPO's constant, default None = T) is accepted by all.
     `loop` holds the training-loop settings the paper prescribes (names of engine.config.TrainConfig fields);
-    a setting not listed takes engine.config.LOOP_DEFAULTS.
+    a setting not listed takes engine.config.LOOP_DEFAULTS. `critic`: the algorithm trains a value model next to
+    the policy and its advantages are GAE over that model's values (engine.critic), not group-relative.
     """
 
     name: str
@@ -137,6 +144,7 @@ class Objective:
     beta: float
     extra: tuple[tuple[str, float], ...] = ()
     loop: tuple[tuple[str, Any], ...] = ()
+    critic: bool = False
 
     @property
     def sequence_level(self) -> bool:
@@ -266,13 +274,41 @@ GMPO = Objective(
     beta=0.0,
 )
 
-OBJECTIVES: dict[str, Objective] = {o.name: o for o in (GRPO, DAPO, GSPO, GSPO_TOKEN, ASPO, DR_GRPO, CISPO, SAPO, GMPO)}
+PPO = Objective(
+    name="ppo",
+    doc="PPO for language models as the GRPO paper (arXiv 2402.03300, Sec. 4.1.1 eq. 1) states it, after Ziegler et "
+    "al. 2019 (arXiv 1909.08593) and Ouyang et al. 2022 (arXiv 2203.02155): clipped surrogate eps = 0.2 on token "
+    "ratios, advantages by GAE over a critic's values, the KL to pi_ref inside the per-token reward (so no KL term "
+    "in the loss). Loop (Ziegler et al.'s defaults, also those of the 'N implementation details of RLHF with PPO' "
+    "write-up by Huang et al. and of TRL's PPO trainer): gamma = 1, lambda = 0.95, value clip 0.2, value "
+    "coefficient 0.1, advantages whitened over the batch, token-mean loss; KL reward coefficient 0.05 (TRL; "
+    "InstructGPT used 0.02).",
+    ratio_level="token",
+    surrogate="ppo-clip",
+    aggregation="token-mean",
+    eps_low=0.2,
+    eps_high=0.2,
+    beta=0.0,
+    loop=(("kl_coef", 0.05), ("gae_gamma", 1.0), ("gae_lambda", 0.95), ("whiten_advantages", True),
+          ("value_clip", 0.2), ("value_coef", 0.1)),
+    critic=True,
+)
+
+OBJECTIVES: dict[str, Objective] = {
+    o.name: o for o in (GRPO, DAPO, GSPO, GSPO_TOKEN, ASPO, DR_GRPO, CISPO, SAPO, GMPO, PPO)
+}
 ALGORITHMS: tuple[str, ...] = tuple(OBJECTIVES)
+CRITIC_ALGORITHMS: tuple[str, ...] = tuple(name for name, o in OBJECTIVES.items() if o.critic)
 
 
 def defaults(algo: str) -> dict[str, Any]:
     """The resolved hyper-parameters of `algo` (its published defaults); every key is an accepted override."""
     return _objective(algo).defaults()
+
+
+def uses_critic(algo: str) -> bool:
+    """`algo` trains a critic and takes its advantages from GAE (engine.critic) rather than from its group."""
+    return _objective(algo).critic
 
 
 def loop_defaults(algo: str) -> dict[str, Any]:

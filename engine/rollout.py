@@ -106,7 +106,12 @@ class Batch:
     old_logp: torch.Tensor  # (B, T) float
     ref_logp: torch.Tensor | None  # (B, T) float, None when no reference is needed
     entropy: torch.Tensor  # (B, T) float, entropy of the sampling distribution at each position
-    advantages: torch.Tensor  # (B, T) float
+    advantages: torch.Tensor  # (B, T) float; PPO: the GAE advantage before whitening
+    # Algorithms with a critic only (engine.critic fills them in; None otherwise):
+    values: torch.Tensor | None = None  # (B, T) the critic's value of each token at sampling time
+    returns: torch.Tensor | None = None  # (B, T) GAE returns = advantages + values, the critic's targets
+    kl_reward: torch.Tensor | None = None  # (B, T) the KL part of the per-token reward, -kl_coef * (old - ref)
+    loss_advantages: torch.Tensor | None = None  # (B, T) what the policy loss uses when it is not `advantages`
 
     @property
     def completion_ids(self) -> torch.Tensor:  # (B, T)

@@ -140,6 +140,9 @@ TABLE_SCHEMAS: dict[str, pa.Schema] = {
          ("clip_low_frac", _F), ("clip_high_frac", _F), ("clip_dual_frac", _F), ("response_len_mean", _F),
          ("response_len_max", _F), ("truncated_frac", _F), ("groups_kept", _I), ("groups_filtered", _I),
          ("gen_batches", _I), ("loss", _F), ("grad_norm", _F), ("lr", _F), ("step_seconds", _F),
+         # algorithms with a critic (PPO, engine.critic); NULL otherwise
+         ("value_loss", _F), ("value_clip_frac", _F), ("explained_variance", _F), ("critic_grad_norm", _F),
+         ("critic_seconds", _F), ("critic_memory_mb", _F), ("advantage_mean", _F), ("advantage_std", _F),
          # metrics outside the contract, as a JSON object, so any training loop can log its own
          ("extra", _S)]
     ),
@@ -152,7 +155,8 @@ TABLE_SCHEMAS: dict[str, pa.Schema] = {
     ),
     "tokens": pa.schema(
         [("run", _S), ("step", _I), ("rollout_id", _I), ("position", _I), ("token_id", _I), ("token_text", _S),
-         ("old_logp", _F), ("ref_logp", _F), ("entropy", _F), ("advantage", _F), ("prm_step", _I)]
+         ("old_logp", _F), ("ref_logp", _F), ("entropy", _F), ("advantage", _F), ("prm_step", _I),
+         ("value", _F), ("return", _F), ("kl_reward", _F)]  # the last three: critic algorithms only
     ),
     "token_passes": pa.schema(
         [("run", _S), ("step", _I), ("pass", _I), ("rollout_id", _I), ("position", _I), ("new_logp", _F),

@@ -40,6 +40,7 @@ from pathlib import Path
 import torch
 
 from engine.config import TrainConfig, resolve_device
+from engine.critic import PPOCritic
 from engine.logrows import PassRecord, eval_tables, pass_record, step_metrics, step_tables
 from engine.objectives import policy_loss
 from engine.rollout import Batch, EvalResult, PromptSampler, TokenText, collect_batch, evaluate, token_logprobs
@@ -68,7 +69,9 @@ def update(policy, optimizer, batch: Batch, cfg: TrainConfig, generator: torch.G
     params = [p for p in policy.parameters() if p.requires_grad]
     overrides = cfg.objective_overrides()
     # Outcome advantages are one number per sequence: pass them as (B,) so sequence-level objectives use A_i.
-    seq_level_adv = cfg.supervision == "outcome"
+    # A critic's advantages (GAE, whitened) differ token by token whatever the supervision.
+    seq_level_adv = cfg.supervision == "outcome" and batch.loss_advantages is None
+    token_adv = batch.advantages if batch.loss_advantages is None else batch.loss_advantages  # (B, T)
     seq_adv = torch.tensor([r.advantage for r in batch.rollouts], device=batch.advantages.device)  # (B,)
     records = []
     for _epoch in range(cfg.epochs):
@@ -84,7 +87,7 @@ def update(policy, optimizer, batch: Batch, cfg: TrainConfig, generator: torch.G
             mask = batch.loss_mask[idx, sl]  # (b, t_mb)
             old_logp = batch.old_logp[idx, sl]  # (b, t_mb)
             ref_logp = batch.ref_logp[idx, sl] if batch.ref_logp is not None else None
-            adv = seq_adv[idx] if seq_level_adv else batch.advantages[idx, sl]
+            adv = seq_adv[idx] if seq_level_adv else token_adv[idx, sl]
             out = policy_loss(cfg.algo, logp, old_logp, adv, mask, ref_logp=ref_logp, entropy=entropy.detach(),
                               **overrides)
             optimizer.zero_grad(set_to_none=True)
@@ -129,8 +132,10 @@ def delete_checkpoints_before(run_dir: Path, step: int) -> None:
             old.unlink(missing_ok=True)
 
 
-def save_checkpoint(run_dir: Path, step: int, policy, optimizer, sampler: PromptSampler, update_gen) -> Path:
-    """Model, optimizer and every RNG state after `step`, written to a temporary name and renamed into place."""
+def save_checkpoint(run_dir: Path, step: int, policy, optimizer, sampler: PromptSampler, update_gen,
+                    critic=None) -> Path:
+    """Model, optimizer (and PPO's critic) and every RNG state after `step`, written to a temporary name and renamed
+    into place: one file per step, so policy and critic can never come from different steps."""
     ckpt_dir = Path(run_dir) / CHECKPOINT_DIR
     ckpt_dir.mkdir(parents=True, exist_ok=True)
     state = {
@@ -142,6 +147,7 @@ def save_checkpoint(run_dir: Path, step: int, policy, optimizer, sampler: Prompt
         "torch_rng": torch.get_rng_state(),
         "cuda_rng": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None,
         "python_rng": random.getstate(),
+        "critic": critic.state_dict() if critic is not None else None,
     }
     path = checkpoint_path(run_dir, step)
     tmp = ckpt_dir / f".tmp-{path.name}"
@@ -150,8 +156,14 @@ def save_checkpoint(run_dir: Path, step: int, policy, optimizer, sampler: Prompt
     return path
 
 
-def restore_checkpoint(ckpt: dict, policy, optimizer, sampler: PromptSampler, update_gen) -> None:
+def restore_checkpoint(ckpt: dict, policy, optimizer, sampler: PromptSampler, update_gen, critic=None) -> None:
     """The inverse of save_checkpoint: the state after `ckpt["step"]`, RNGs included."""
+    if critic is not None:
+        from engine.runlog import RunLogError
+
+        if ckpt.get("critic") is None:
+            raise RunLogError(f"the checkpoint of step {ckpt['step']} has no critic: PPO cannot resume without it")
+        critic.load_state_dict(ckpt["critic"])
     policy.load_state_dict(ckpt["model"])
     optimizer.load_state_dict(ckpt["optimizer"])
     sampler.load_state_dict(ckpt["sampler"])
@@ -286,11 +298,12 @@ def train(cfg: TrainConfig, run_name: str, logs_dir: str | Path = "logs", *, res
     policy, ref, tokenizer, model_desc = load_models(
         cfg, task, device, cache_dir, sft_threads=warm_start_threads,
         progress=sft_progress_reporter(warm_start_progress, print_every=0) if warm_start_progress else None)
-    need_ref = cfg.log_tokens or bool(cfg.beta)
+    need_ref = cfg.log_tokens or bool(cfg.beta) or bool(cfg.kl_coef)
     tt = TokenText(tokenizer)
     eval_problems = list(task.heldout[: cfg.eval_size])
     optimizer = torch.optim.AdamW(policy.parameters(), lr=cfg.lr, betas=(cfg.adam_beta1, cfg.adam_beta2),
                                   weight_decay=cfg.weight_decay)
+    critic = PPOCritic.build(policy, cfg)  # None unless the algorithm has a critic (engine.objectives)
     sampler = PromptSampler(task.train, cfg.seed)
     update_gen = torch.Generator().manual_seed(cfg.seed)
     torch.manual_seed(cfg.seed)
@@ -309,7 +322,7 @@ def train(cfg: TrainConfig, run_name: str, logs_dir: str | Path = "logs", *, res
         tqdm.write(f"{run_name}: resuming after step {start - 1}{redo}" if ckpt is not None else
                    f"{run_name}: no checkpoint, resuming from the warm start{redo}", file=sys.stderr)
         if ckpt is not None:
-            restore_checkpoint(ckpt, policy, optimizer, sampler, update_gen)
+            restore_checkpoint(ckpt, policy, optimizer, sampler, update_gen, critic)
     else:
         writer = RunWriter.create(logs_dir, run_name, algorithm=cfg.algo, task=cfg.task, config=cfg.to_dict(),
                                   model=model_desc)
@@ -321,7 +334,7 @@ def train(cfg: TrainConfig, run_name: str, logs_dir: str | Path = "logs", *, res
         # Written while the step's log is encoded on the writer thread; the previous checkpoint stays until this
         # one is complete (see checkpoint_for_resume).
         nonlocal saved
-        save_checkpoint(run_dir, step, policy, optimizer, sampler, update_gen)
+        save_checkpoint(run_dir, step, policy, optimizer, sampler, update_gen, critic)
         if saved is not None:
             delete_checkpoints_before(run_dir, saved)
         saved = step
@@ -362,9 +375,12 @@ def train(cfg: TrainConfig, run_name: str, logs_dir: str | Path = "logs", *, res
                 # ---------------------------------------------------------- sample + reward + advantage
                 policy.eval()
                 batch = collect_batch(policy, ref if need_ref else None, tokenizer, task, sampler, cfg, tt)
+                if critic is not None:  # PPO: values, per-token rewards with the KL inside, GAE advantages
+                    critic.targets(batch, cfg)
 
                 # ---------------------------------------------------------- update
                 records = update(policy, optimizer, batch, cfg, update_gen)
+                critic_stats = critic.update(batch, cfg, update_gen) if critic is not None else None
 
                 # ---------------------------------------------------------- evaluate
                 out_of_time = bool(cfg.time_limit_minutes) and time.monotonic() - t_train >= 60 * cfg.time_limit_minutes
@@ -376,7 +392,7 @@ def train(cfg: TrainConfig, run_name: str, logs_dir: str | Path = "logs", *, res
                     heldout = ev.accuracy_greedy
 
                 # ---------------------------------------------------------- log
-                metrics = step_metrics(batch, records, ev, cfg)
+                metrics = step_metrics(batch, records, ev, cfg, critic_stats)
                 tables = step_tables(batch, records, ev, cfg, tt)
                 metrics["step_seconds"] = time.perf_counter() - t0
                 writer.log_step(step, metrics=metrics, ref_tokens=ref_rows, **tables)

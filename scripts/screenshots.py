@@ -31,6 +31,7 @@ PAGES = {  # file name -> (url path, extra query parameters)
     "groups": ("groups", {}),
     "token_inspector": ("tokens", {"channel": "ratio"}),
     "prm_steps": ("prm", {}),
+    "advantages": ("advantages", {}),
     "algorithm_weighting": ("weighting", {}),
     # every run on the same held-out prompt (by default one with a negative answer: the minus sign's story)
     "token_trajectories": ("trajectories", {}),

@@ -4,6 +4,8 @@
         logs_dir, run_name = tiny_run          # a finished 3-step GRPO run (outcome supervision)
     def test_prm(tiny_process_run):
         logs_dir, run_name = tiny_process_run  # a finished 3-step GRPO run with process supervision
+    def test_critic(tiny_ppo_run):
+        logs_dir, run_name = tiny_ppo_run      # a finished 2-step PPO run (critic, GAE)
 
 The tiny warm start (a ~90k-parameter model, a short SFT) is cached in pytest's cache folder (.pytest_cache), so it
 is trained once per checkout, not once per test session.
@@ -67,3 +69,11 @@ def tiny_process_run(tmp_path_factory, run_tiny):
     logs_dir = tmp_path_factory.mktemp("logs-process")
     run_tiny(logs_dir, "tiny-grpo-process", algo="grpo", supervision="process", steps=3)
     return logs_dir, "tiny-grpo-process"
+
+
+@pytest.fixture(scope="session")
+def tiny_ppo_run(tmp_path_factory, run_tiny):
+    """(logs_dir, run_name) of a finished 2-step PPO run: a critic's values, returns and KL rewards per token."""
+    logs_dir = tmp_path_factory.mktemp("logs-ppo")
+    run_tiny(logs_dir, "tiny-ppo", algo="ppo", steps=2)
+    return logs_dir, "tiny-ppo"

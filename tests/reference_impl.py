@@ -32,6 +32,8 @@ PUBLISHED = {
     "cispo": {"eps_low": 1.0, "eps_high": 0.28, "beta": 0.0, "aggregation": "token-mean"},
     "sapo": {"beta": 0.0, "aggregation": "seq-mean-token-mean", "tau_pos": 1.0, "tau_neg": 1.05},
     "gmpo": {"eps_low": 0.4, "eps_high": 0.4, "beta": 0.0, "aggregation": "seq-mean"},
+    # Ziegler et al. 2019 / the N-implementation-details write-up: clip 0.2, whole-batch token mean, KL in the reward
+    "ppo": {"eps_low": 0.2, "eps_high": 0.2, "beta": 0.0, "aggregation": "token-mean"},
 }
 
 
@@ -42,7 +44,7 @@ def _clip(x, lo, hi):
 def _token_losses(algo, lp, olp, A, eps_n, eps_p, p, value):
     """Loss of one token (scalar tensors). eps_n / eps_p: the clip ranges for A < 0 / A > 0 of this token."""
     r = torch.exp(lp - olp)
-    if algo in ("grpo", "dapo", "dr_grpo"):
+    if algo in ("grpo", "dapo", "dr_grpo", "ppo"):
         # PPO / GRPO eq. 3: min(r A, clip(r, 1 - eps, 1 + eps) A)
         return -torch.minimum(r * A, _clip(r, 1 - p["eps_low"], 1 + p["eps_high"]) * A)
     if algo == "cispo":

@@ -184,3 +184,30 @@ def test_masked_whiten_uses_only_masked_entries():
 def test_gae_shape_validation():
     with pytest.raises(ValueError, match="same"):
         gae_advantages(torch.zeros(2, 3), torch.zeros(2, 2), torch.ones(2, 3))
+
+
+def test_gae_lambda_zero_is_the_one_step_td_error():
+    # lam 0: A_t = r_t + gamma V_{t+1} - V_t, returns = the TD(0) targets r_t + gamma V_{t+1}
+    # gamma 1: A = [0 + 0.2 - 0.5, 0 + 0.4 - 0.2, 1 + 0 - 0.4] = [-0.3, 0.2, 0.6]; returns [0.2, 0.4, 1.0]
+    # gamma 0.5: A = [0.1 - 0.5, 0.2 - 0.2, 1 - 0.4] = [-0.4, 0.0, 0.6]; returns [0.1, 0.2, 1.0]
+    rewards = torch.tensor([[0.0, 0.0, 1.0]], dtype=torch.float64)
+    values = torch.tensor([[0.5, 0.2, 0.4]], dtype=torch.float64)
+    mask = torch.ones(1, 3)
+    adv, ret = gae_advantages(rewards, values, mask, gamma=1.0, lam=0.0)
+    torch.testing.assert_close(adv, torch.tensor([[-0.3, 0.2, 0.6]], dtype=torch.float64))
+    torch.testing.assert_close(ret, torch.tensor([[0.2, 0.4, 1.0]], dtype=torch.float64))
+    adv, ret = gae_advantages(rewards, values, mask, gamma=0.5, lam=0.0)
+    torch.testing.assert_close(adv, torch.tensor([[-0.4, 0.0, 0.6]], dtype=torch.float64))
+    torch.testing.assert_close(ret, torch.tensor([[0.1, 0.2, 1.0]], dtype=torch.float64))
+
+
+def test_gae_lambda_one_is_the_discounted_monte_carlo_return_with_per_token_rewards():
+    # lam 1, gamma 0.5, rewards [0.1, -0.2, 1.0] (a KL part on every token, the score on the last):
+    # G_2 = 1.0; G_1 = -0.2 + 0.5 * 1.0 = 0.3; G_0 = 0.1 + 0.5 * 0.3 = 0.25; A = G - V; the second row stops
+    # after two tokens (G_1 = 2.0, G_0 = 0.5 * 2.0 = 1.0), its padded third column is ignored.
+    rewards = torch.tensor([[0.1, -0.2, 1.0], [0.0, 2.0, 7.0]], dtype=torch.float64)
+    values = torch.tensor([[0.5, 0.2, 0.4], [0.3, 0.6, 5.0]], dtype=torch.float64)
+    mask = torch.tensor([[1, 1, 1], [1, 1, 0]])
+    adv, ret = gae_advantages(rewards, values, mask, gamma=0.5, lam=1.0)
+    torch.testing.assert_close(ret, torch.tensor([[0.25, 0.3, 1.0], [1.0, 2.0, 0.0]], dtype=torch.float64))
+    torch.testing.assert_close(adv, torch.tensor([[-0.25, 0.1, 0.6], [0.7, 1.4, 0.0]], dtype=torch.float64))

@@ -142,3 +142,28 @@ def wait_for_text(page, text: str, timeout_ms: int = 60_000) -> None:
 def outside(requests: list[str], app) -> list[str]:
     """The requests that went anywhere but the app's own address (data: and blob: URLs are not requests out)."""
     return [r for r in requests if urlparse(r).scheme not in ("data", "blob") and urlparse(r).netloc != app.netloc]
+
+
+def test_advantages_page_in_a_browser_draws_every_scheme_and_keeps_logged_text_inert(tmp_path):
+    """The Advantages page served for real: its chart is drawn (one panel per scheme the run has) and a hostile
+    token or step text stays text (no element created, no dialog)."""
+    from playwright.sync_api import sync_playwright
+    from synthetic_runs import write_synthetic_run
+
+    screenshots = _screenshots_module()
+    assert "advantages" in screenshots.PAGES  # the page list the screenshots (and README images) go through
+    write_synthetic_run(str(tmp_path), "hostile", steps=1, hostile=True)
+    dialogs = []
+    with screenshots.serve_dashboard(tmp_path) as url, sync_playwright() as playwright:
+        browser = screenshots.launch_browser(playwright)
+        page = browser.new_page(viewport={"width": 1400, "height": 1000})
+        page.on("dialog", lambda dialog: (dialogs.append(dialog.message), dialog.dismiss()))
+        page.goto(f"{url}/{screenshots.PAGES['advantages'][0]}?run=hostile&step=0")
+        screenshots.wait_until_rendered(page)
+        page.wait_for_selector(".js-plotly-plot", timeout=60_000)
+        titles = page.locator(".js-plotly-plot .annotation-text").all_text_contents()  # SVG text
+        assert any(t.startswith("GRPO outcome advantage") for t in titles), titles
+        assert any(t.startswith("GRPO process advantage") for t in titles), titles
+        assert page.locator('[data-testid="stMain"] img').count() == 0
+        browser.close()
+    assert dialogs == []

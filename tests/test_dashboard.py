@@ -24,7 +24,7 @@ from streamlit.testing.v1 import AppTest
 from synthetic_runs import AUTOLINK_OR_SHORTCODE, HOSTILE_TEXTS, write_hostile_run
 
 from dashboard.common import WORD_JOINER
-from engine.objectives import ALGORITHMS, CLIP_HIGH, CLIP_LOW, policy_loss
+from engine.objectives import ALGORITHMS, CLIP_HIGH, CLIP_LOW, OBJECTIVES, policy_loss
 
 APP = str(Path(__file__).resolve().parent.parent / "dashboard" / "streamlit_app.py")
 TIMEOUT = 120  # the first page that imports torch takes a few seconds on a busy machine
@@ -244,7 +244,8 @@ def test_weighting_page_reports_what_policy_loss_computes(trained, monkeypatch):
     group = int(at.query_params["group"])
     update = int(at.query_params["update"]) if "update" in at.query_params else None
     table = dataframe(at, "algorithm", "low", "high").set_index("algorithm")
-    assert list(table.index) == list(ALGORITHMS)  # every algorithm of the registry, in its order
+    # every algorithm of the registry, in its order; those with a critic only for runs that logged its values
+    assert list(table.index) == [a for a in ALGORITHMS if not OBJECTIVES[a].critic]
     # Independently: build the (B, T) tensors from the files and ask policy_loss for GRPO's clip fractions.
     ids = independent(logs_dir, "rollouts", "WHERE run = ? AND step = ? AND group_id = ? AND kind = 'train'",
                       [run, step, group]).sort_values("rollout_id")["rollout_id"].tolist()
@@ -371,7 +372,8 @@ def test_a_running_run_shows_new_steps_on_the_next_rerun(tmp_path, monkeypatch):
 # ---------------------------------------------------------------- hostile and incomplete runs
 
 PAGES = {"runs": "Runs", "replay": "Replay", "groups": "Groups", "token_inspector": "Token inspector",
-         "prm_steps": "PRM steps", "algorithm_weighting": "Algorithm weighting"}
+         "prm_steps": "PRM steps", "advantages": "Advantages", "algorithm_weighting": "Algorithm weighting",
+         "token_stats": "Token statistics", "token_trajectories": "Token trajectories"}
 
 
 def markdown_bodies(at: AppTest) -> list[str]:
@@ -410,7 +412,8 @@ def test_logged_text_is_shown_as_text_on_every_page(hostile_logs, monkeypatch):
     rollouts = independent(hostile_logs, "rollouts", "WHERE step = 1 ORDER BY rollout_id")
     filtered = int(rollouts[rollouts["filtered"]]["rollout_id"].iloc[0])
     for page, query in [("runs", {}), ("replay", {}), ("groups", {}), ("prm_steps", {}),
-                        ("token_inspector", {"rollout": filtered}), ("algorithm_weighting", {})]:
+                        ("token_inspector", {"rollout": filtered}), ("algorithm_weighting", {}),
+                        ("advantages", {}), ("token_stats", {}), ("token_trajectories", {})]:
         at = open_page(hostile_logs, page, monkeypatch, run="hostile", step=1, **query)
         assert [h.value for h in at.header] == [PAGES[page]]
         text = assert_no_markup_from_logged_text(at)
@@ -520,3 +523,88 @@ def test_while_the_demo_runs_the_empty_page_says_so_and_how_far_it_is(tmp_path, 
     assert "No runs in" not in " ".join(m.value for m in at.markdown)
     bars = {bar.proto.text: bar.proto.value for bar in at.get("progress")}
     assert bars["warm start (supervised fine-tuning, shared by every demo run): step 125 of 1000, loss 1.500"] == 12
+
+
+# ---------------------------------------------------------------- the Advantages page and PPO runs
+
+
+@pytest.fixture(scope="module")
+def trained_ppo(tiny_ppo_run):
+    return str(tiny_ppo_run[0]), tiny_ppo_run[1]
+
+
+def scheme_lines(spec: dict) -> dict[str, dict]:
+    """Panel title -> the highlighted completion's trace (the bold one) on that panel of the Advantages chart."""
+    titles = [a["text"] for a in spec["layout"]["annotations"]]
+    out = {}
+    for i, title in enumerate(titles):
+        axis = "x" if i == 0 else f"x{i + 1}"
+        bold = [t for t in spec["data"] if t.get("xaxis") == axis and t["line"]["width"] == 3]
+        assert len(bold) == 1, title
+        out[title] = bold[0]
+    return out
+
+
+def unbiased_z(rewards: np.ndarray) -> np.ndarray:
+    """GRPO's outcome advantage by hand: (r - mean) / (unbiased std + 1e-6); 0 for a group of equal rewards."""
+    if rewards.max() == rewards.min():
+        return np.zeros_like(rewards)
+    return (rewards - rewards.mean()) / (rewards.std(ddof=1) + 1e-6)
+
+
+def test_advantages_page_on_a_ppo_run_draws_the_logged_critic_and_the_recomputed_grpo_schemes(trained_ppo, monkeypatch):
+    logs_dir, run = trained_ppo
+    step = last_step(logs_dir, run)
+    at = open_page(logs_dir, "advantages", monkeypatch, run=run, step=step)
+    group, rollout = int(at.selectbox(key="adv_group").value), int(at.selectbox(key="adv_rollout").value)
+    lines = scheme_lines(plotly_spec(at, "advantage_schemes"))
+    assert {t.split(":")[0] for t in lines} >= {"GRPO outcome advantage", "PPO GAE advantage (before whitening)",
+                                                "PPO critic's value V(token)", "PPO KL part of the reward"}
+    tokens = independent(logs_dir, "tokens", "WHERE run = ? AND step = ? AND rollout_id = ? ORDER BY position",
+                         [run, step, rollout])
+    by_title = {t.split(":")[0]: line for t, line in lines.items()}
+    np.testing.assert_allclose(array(by_title["PPO GAE advantage (before whitening)"]["y"]), tokens["advantage"])
+    np.testing.assert_allclose(array(by_title["PPO critic's value V(token)"]["y"]), tokens["value"])
+    np.testing.assert_allclose(array(by_title["PPO KL part of the reward"]["y"]), tokens["kl_reward"])
+    # GRPO's outcome advantage of the same completion, from the logged rewards of its group: constant over it
+    roll = independent(logs_dir, "rollouts", "WHERE run = ? AND step = ? AND group_id = ? AND kind = 'train' "
+                       "ORDER BY rollout_id", [run, step, group])
+    expected = unbiased_z(roll["reward"].to_numpy())[roll["rollout_id"].tolist().index(rollout)]
+    np.testing.assert_allclose(array(by_title["GRPO outcome advantage"]["y"]), expected, atol=1e-6)
+    assert len(array(by_title["GRPO outcome advantage"]["y"])) == len(tokens)
+
+
+def test_advantages_page_on_a_grpo_process_run_shows_the_staircase_and_says_there_is_no_critic(trained_prm,
+                                                                                               monkeypatch):
+    logs_dir, run = trained_prm
+    step = last_step(logs_dir, run)
+    at = open_page(logs_dir, "advantages", monkeypatch, run=run, step=step)
+    rollout = int(at.selectbox(key="adv_rollout").value)
+    spec = plotly_spec(at, "advantage_schemes")
+    lines = {t.split(":")[0]: line for t, line in scheme_lines(spec).items()}
+    assert set(lines) == {"GRPO outcome advantage", "GRPO process advantage"}
+    # The run trained on process advantages: the recomputed staircase is the logged one, token for token.
+    tokens = independent(logs_dir, "tokens", "WHERE run = ? AND step = ? AND rollout_id = ? ORDER BY position",
+                         [run, step, rollout])
+    np.testing.assert_allclose(array(lines["GRPO process advantage"]["y"]), tokens["advantage"], atol=1e-5)
+    # Step boundaries: one dotted line per logged step of the highlighted completion on each of the two panels
+    steps = independent(logs_dir, "prm_steps", "WHERE run = ? AND step = ? AND rollout_id = ?", [run, step, rollout])
+    dotted = [s for s in spec["layout"]["shapes"] if s["type"] == "line"]
+    assert sorted({s["x0"] for s in dotted}) == sorted(steps["first_pos"] - 0.5)
+    assert len(dotted) == 2 * len(steps)
+    assert any("has no critic" in c.value for c in at.caption)
+
+
+def test_weighting_page_adds_ppo_for_a_run_with_a_critic(trained_ppo, monkeypatch):
+    logs_dir, run = trained_ppo
+    step = last_step(logs_dir, run)
+    at = open_page(logs_dir, "algorithm_weighting", monkeypatch, run=run, step=step)
+    table = dataframe(at, "algorithm", "low", "high").set_index("algorithm")
+    assert list(table.index) == list(ALGORITHMS)
+
+
+def test_runs_page_shows_the_critics_curves_for_a_ppo_run(trained_ppo, monkeypatch):
+    logs_dir, run = trained_ppo
+    at = open_page(logs_dir, None, monkeypatch, run=run)
+    titles = [a["text"] for a in plotly_spec(at, "run_curves")["layout"]["annotations"]]
+    assert "value loss (critic)" in titles and "explained variance (critic)" in titles

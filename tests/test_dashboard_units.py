@@ -206,3 +206,13 @@ def test_reasoning_steps_of_an_outcome_supervised_run_show_raw_rewards_without_n
 def test_sandbox_labels_typed_by_the_user_reach_plotly_escaped():
     figure = charts.sandbox_advantages(np.zeros((1, 2)), ['<a href="https://example.com">x</a>'], [2])
     assert figure.data[0].name == "&lt;a href=&quot;https://example.com&quot;&gt;x&lt;/a&gt;"
+
+
+def test_metric_curves_tick_every_step_only_when_the_steps_span_few():
+    # 9 evaluated steps spread over 0..80 (a 10-minute run evaluated every 10): one tick per step would print 80
+    # overlapping labels; 6 consecutive steps still get one tick each.
+    spread = pd.DataFrame({"run": "a", "step": np.arange(0, 90, 10), "heldout_accuracy": np.linspace(0.2, 0.4, 9)})
+    figure = charts.metric_curves(spread, [("heldout_accuracy", "acc")])
+    assert figure.layout.xaxis.dtick is None
+    dense = pd.DataFrame({"run": "a", "step": np.arange(6), "heldout_accuracy": np.linspace(0.2, 0.4, 6)})
+    assert charts.metric_curves(dense, [("heldout_accuracy", "acc")]).layout.xaxis.dtick == 1

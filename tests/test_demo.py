@@ -1,4 +1,4 @@
-"""The demo: five runs trained side by side in the background, reused when asked again, stopped cleanly."""
+"""The demo: six runs trained side by side in the background, reused when asked again, stopped cleanly."""
 
 from __future__ import annotations
 
@@ -52,7 +52,7 @@ def test_demo_trains_all_runs_then_reuses_them(tmp_path):
     progress = demo.demo_progress(logs)
     assert progress["running"] is False and progress["fraction"] == 1.0
     assert {(r["steps_done"], r["steps"]) for r in progress["runs"]} == {(2, 2)}
-    # The first run built the warm start (reporting its progress), alone; the other four started after it and
+    # The first run built the warm start (reporting its progress), alone; the other five started after it and
     # found it in the cache.
     assert progress["warm_start"]["step"] == progress["warm_start"]["steps"] == TINY["sft_steps"]
     (cached,) = cache.glob("warmstart-*")

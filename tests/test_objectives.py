@@ -39,7 +39,7 @@ def batch(ratios, adv, mask=None, garbage=0.0):
 
 
 def test_algorithms_and_aggregations_are_the_documented_names():
-    assert ALGORITHMS == ("grpo", "dapo", "gspo", "gspo_token", "aspo", "dr_grpo", "cispo", "sapo", "gmpo")
+    assert ALGORITHMS == ("grpo", "dapo", "gspo", "gspo_token", "aspo", "dr_grpo", "cispo", "sapo", "gmpo", "ppo")
     assert set(AGGREGATIONS) == {"seq-mean-token-mean", "token-mean", "seq-mean-token-sum-norm", "seq-mean"}
 
 
@@ -381,6 +381,7 @@ EXPECTED_CODES = {
     "cispo": {0, 3},
     "sapo": {0, 3},
     "gmpo": {0, 1, 2},
+    "ppo": {0, 1, 2},
 }
 
 

@@ -134,7 +134,8 @@ def test_every_registry_algorithm_is_a_train_choice_with_its_papers_loop_setting
     out = json.loads(capsys.readouterr().out)
     assert out["algo"] == algo
     # Loop settings: the registry entry's own, the common defaults for the rest; nothing else decides them.
-    assert {k: out[k] for k in LOOP_DEFAULTS} == {**LOOP_DEFAULTS, **dict(OBJECTIVES[algo].loop)}
+    preset = {**LOOP_DEFAULTS, **dict(OBJECTIVES[algo].loop)}
+    assert {k: out[k] for k in preset} == preset
     help_text = " ".join(build_parser()._subparsers._group_actions[0].choices["train"].format_help().split())
     assert f"Choices: {', '.join(ALGORITHMS)}." in help_text
 

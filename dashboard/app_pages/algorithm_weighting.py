@@ -13,6 +13,7 @@ import pandas as pd
 import streamlit as st
 
 from dashboard import charts, common, queries, recompute
+from engine.objectives import ALGORITHMS, uses_critic
 
 MAX_SCATTER_POINTS = 4000
 MAX_HEATMAP_ROWS = 48
@@ -23,28 +24,12 @@ st.header("Algorithm weighting")
 st.caption("The logged log-probs and advantages of one group (or the whole step) are fed to each algorithm's "
            "objective from `engine.objectives`: gradient weight = −∂loss/∂log π per token.")
 
-summary = common.load("the groups", queries.group_summary, logs, run, step)
-rollouts = common.load("the rollouts", queries.step_rollouts, logs, run, step, "train")
-rollouts = rollouts[rollouts["rollout_id"].notna()]  # without an id a rollout's tokens cannot be found
-summary = summary[summary["group_id"].notna()]  # rollouts logged without a group_id still count for the whole step
-if rollouts.empty:
-    st.info(f"Step {step} of {common.md(run)} has no train rollouts with a rollout_id.")
-    st.stop()
+summary, rollouts = common.train_groups(selection)
 
 # ---------------------------------------------------------------- what to weigh
-group_ids = [int(g) for g in summary["group_id"]]
-mixed = summary[summary["outcome"] == "mixed"]["group_id"]
-outcome_of = dict(zip(summary["group_id"], summary["outcome"], strict=True))
 c1, c2, c3 = st.columns([2, 3, 2])
-scope = c1.radio("Tokens of", ["one group", "the whole step"], horizontal=True, key="weigh_scope",
-                 disabled=not group_ids, index=0 if group_ids else 1)
-group_id = None
-if scope == "one group" and group_ids:
-    first_mixed = int(mixed.iloc[0]) if len(mixed) else group_ids[0]  # a group with signal is the useful default
-    group_id, _ = common.initial_value("weigh_group", "group", int, group_ids, first_mixed)
-    st.session_state["weigh_group"] = group_id
-    group_id = c2.selectbox("Group", group_ids, key="weigh_group",
-                            format_func=lambda g: f"group {g} · {outcome_of[g]}")
+scope = c1.radio("Tokens of", ["one group", "the whole step"], horizontal=True, key="weigh_scope")
+group_id = common.group_picker(c2, summary, "weigh_group") if scope == "one group" else None
 common.set_url_value("group", group_id)
 chosen = rollouts if group_id is None else rollouts[rollouts["group_id"] == group_id]
 rollout_ids = tuple(int(r) for r in chosen["rollout_id"])
@@ -65,15 +50,23 @@ else:
 
 # ---------------------------------------------------------------- knobs
 st.markdown("**Knobs** (edit a cell: every chart below is recomputed at once; start from the authors' defaults)")
+# An algorithm with a critic (PPO) takes its advantages from the critic's values: only a run that logged them has any.
+has_values = common.load("the critic's values", queries.run_has_values, logs, run, selection.version)
+algorithms = [a for a in ALGORITHMS if has_values or not uses_critic(a)]
+whitening = common.load("the whitening", queries.step_whitening, logs, run, step) if has_values else None
+if has_values:
+    st.caption("This run has a critic: every algorithm sees its logged GAE advantages; PPO sees them whitened with "
+               "the step's statistics, as its loss did.")
 knob_table = st.data_editor(
-    recompute.author_knobs(), hide_index=True, disabled=["algorithm"], key="weigh_knobs",
+    recompute.author_knobs(algorithms), hide_index=True, disabled=["algorithm"], key="weigh_knobs",
     column_config={k: st.column_config.NumberColumn(k, min_value=0.0, max_value=10.0, step=1e-4, format="%.4g")
                    for k in recompute.KNOBS},
 )
 
 
 @st.cache_data(ttl=queries.STEP_TTL, show_spinner="Asking each objective…", max_entries=32)
-def weigh_all(logs: str, run: str, step: int, rollout_ids: tuple, update: int, knobs: tuple):
+def weigh_all(logs: str, run: str, step: int, rollout_ids: tuple, update: int, knobs: tuple,
+              whitening: tuple | None):
     """(rollout ids, advantages (B, T), tokens logged per completion (B,), algorithm -> Weighting, algorithm ->
     refusal message), or None without tokens.
 
@@ -87,7 +80,8 @@ def weigh_all(logs: str, run: str, step: int, rollout_ids: tuple, update: int, k
     results, errors = {}, {}
     for algo, overrides in knobs:
         try:
-            results[algo] = recompute.weigh(batch, algo, dict(overrides))
+            own = recompute.whitened(batch, *whitening) if whitening and uses_critic(algo) else batch
+            results[algo] = recompute.weigh(own, algo, dict(overrides))
         except ValueError as error:
             errors[algo] = str(error)
     return batch.rollout_ids, batch.advantages.numpy(), batch.lengths, results, errors
@@ -106,7 +100,7 @@ knobs = tuple(
     (row["algorithm"], tuple((k, float(row[k])) for k in recompute.KNOBS if pd.notna(row[k])))
     for _, row in knob_table.iterrows()
 )
-weighed = common.load("the objectives", weigh_all, logs, run, step, rollout_ids, update, knobs)
+weighed = common.load("the objectives", weigh_all, logs, run, step, rollout_ids, update, knobs, whitening)
 if weighed is None:
     st.info("No tokens logged for these rollouts.")
     st.stop()
