@@ -103,7 +103,7 @@ def advantage_schemes(rollouts: pd.DataFrame, tokens: pd.DataFrame, prm_steps: p
                       scale_by_std: bool = True) -> pd.DataFrame:
     """Every scheme's per-token value for one group, long form: rollout_id, position, scheme (a SCHEMES key), value.
 
-    rollouts: the group's rollouts (rollout_id, reward, length); tokens: their logged tokens (queries.critic_tokens);
+    rollouts: the group's rollouts (rollout_id, reward, length or NULL); tokens: their tokens (queries.critic_tokens);
     prm_steps: their logged reasoning steps (rollout_id, last_pos, reward_raw). The GRPO schemes are recomputed
     from the logged rewards with `engine.advantages` whatever the run trained with (outcome: `group_advantages`
     over the group's rewards; process: `process_advantages` over its raw step scores, absent without steps); the
@@ -112,7 +112,10 @@ def advantage_schemes(rollouts: pd.DataFrame, tokens: pd.DataFrame, prm_steps: p
 
     rollouts = rollouts.sort_values("rollout_id")
     ids = [int(r) for r in rollouts["rollout_id"]]
-    lengths = [int(n) for n in rollouts["length"]]
+    logged_tokens = tokens.groupby("rollout_id").size()
+    # A completion's length as logged, else its logged tokens (the public API accepts rollouts without `length`).
+    lengths = [int(logged_tokens.get(r, 0)) if pd.isna(n) else int(n) for r, n in zip(ids, rollouts["length"],
+                                                                                       strict=True)]
     parts = []
 
     def add(scheme: str, rollout_id: int, values: np.ndarray) -> None:
