@@ -140,7 +140,10 @@ TABLE_SCHEMAS: dict[str, pa.Schema] = {
          ("prompt_id", _I), ("prompt", _S), ("completion", _S), ("answer", _S), ("reward", _F),
          ("reward_correct", _F), ("reward_process", _F), ("reward_length", _F), ("advantage", _F),
          ("length", _I), ("truncated", pa.bool_()), ("filtered", pa.bool_()), ("filter_reason", _S),
-         ("seq_ratio", pa.list_(_F))]
+         ("seq_ratio", pa.list_(_F)),
+         # the process (rank) that sampled the rollout; one reward per reward function as a JSON object
+         # {"name": value} (`reward` stays the total the trainer optimised)
+         ("rank", _I), ("reward_components", _S)]
     ),
     "tokens": pa.schema(
         [("run", _S), ("step", _I), ("rollout_id", _I), ("position", _I), ("token_id", _I), ("token_text", _S),
@@ -156,6 +159,13 @@ TABLE_SCHEMAS: dict[str, pa.Schema] = {
     ),
 }
 DATA_TABLES = tuple(TABLE_SCHEMAS)
+# Columns added after files were first written with SCHEMA_VERSION 1: a file without them is still read (the
+# columns read as NULL) and rewritten with them when compacted, so older runs stay visible and resumable.
+_ADDED_COLUMNS: dict[str, tuple[str, ...]] = {"rollouts": ("rank", "reward_components")}
+_LEGACY_SCHEMAS: dict[str, pa.Schema] = {
+    table: pa.schema([f for f in TABLE_SCHEMAS[table] if f.name not in added])
+    for table, added in _ADDED_COLUMNS.items()
+}
 ALL_TABLES = ("runs", *DATA_TABLES)
 
 # Files are sorted by these keys so that, inside a compacted chunk, Parquet row-group min/max statistics let
@@ -867,7 +877,7 @@ def _merge(data_dir: Path, segments: Sequence[_Segment], rank: int, seq: int, ke
         for part in parts:
             source = pq.ParquetFile(part)
             for i in range(source.num_row_groups):
-                piece = source.read_row_group(i)
+                piece = _with_added_columns(source.read_row_group(i), table)
                 if keep_up_to is not None:
                     piece = piece.filter(pc.less_equal(piece["step"], keep_up_to))
                 buffer.append(piece)
@@ -884,6 +894,16 @@ def _merge(data_dir: Path, segments: Sequence[_Segment], rank: int, seq: int, ke
         if writer is not None:
             writer.close()
     os.rename(tmp, data_dir / name)  # from now on readers prefer the chunk to the folders it replaces
+
+
+def _with_added_columns(piece: pa.Table, table: str) -> pa.Table:
+    """A row group of a file written before `_ADDED_COLUMNS`, in the current schema (new columns NULL)."""
+    schema = TABLE_SCHEMAS[table]
+    if piece.schema.names == schema.names:
+        return piece
+    n = piece.num_rows
+    columns = [piece.column(f.name) if f.name in piece.column_names else pa.nulls(n, f.type) for f in schema]
+    return pa.Table.from_arrays(columns, schema=schema)
 
 
 def _parquet_writer(path: Path, schema: pa.Schema) -> pq.ParquetWriter:
@@ -924,16 +944,25 @@ def _duckdb_type(arrow_type: pa.DataType) -> str:
 
 
 def _check_file(path: str, table: str) -> str | None:
-    """Cheap validation (footer + schema) before a file enters a view, so one bad file cannot break every query."""
+    """Cheap validation (footer + schema) before a file enters a view, so one bad file cannot break every query.
+
+    None: valid; `_LEGACY`: valid, written before `_ADDED_COLUMNS`; any other string: what is wrong."""
     try:
         schema = pq.read_schema(path)
     except FileNotFoundError:
         return None  # vanished: the view rebuild notices
     except Exception as err:  # pyarrow raises several types for garbage
         return f"damaged or not a Parquet file ({type(err).__name__}: {err})"
-    if not schema.remove_metadata().equals(TABLE_SCHEMAS[table]):
-        return f"not a {table} file of this schema (columns {schema.names})"
-    return None
+    schema = schema.remove_metadata()
+    if schema.equals(TABLE_SCHEMAS[table]):
+        return None
+    if table in _LEGACY_SCHEMAS and schema.equals(_LEGACY_SCHEMAS[table]):
+        return _LEGACY
+    return f"not a {table} file of this schema (columns {schema.names})"
+
+
+_LEGACY = "legacy"
+"""`_check_file`'s answer for a valid file written before `_ADDED_COLUMNS` (readable, new columns NULL)."""
 
 
 def _sql_str(value: str) -> str:
@@ -964,6 +993,7 @@ class RunReader:
         self._segments: dict[str, tuple[list, list[str]]] = {}  # folder -> ([(table, path)], problems)
         self._seen_segments: set[str] = set()
         self._quarantined: dict[str, str] = {}
+        self._legacy_files: set[str] = set()  # valid files without `_ADDED_COLUMNS` (see `_create_view`)
         self._meta_cache: dict[str, tuple[int, int, dict]] = {}
         self._views: dict[str, list[str]] = {}
         self._runs_rows: list | None = None
@@ -1125,10 +1155,12 @@ class RunReader:
                 table = entry.name[: -len(".parquet")] if entry.name.endswith(".parquet") else None
                 if table not in TABLE_SCHEMAS:
                     notes.append(f"{entry.path}: foreign file in a step folder (ignored)")
-                elif problem := _check_file(entry.path, table):
+                elif (problem := _check_file(entry.path, table)) not in (None, _LEGACY):
                     notes.append(f"{entry.path}: {problem} (skipped)")
                 else:
                     found.append((table, entry.path))
+                    if problem == _LEGACY:
+                        self._legacy_files.add(entry.path)
             cached = self._segments[key] = (found, notes)
         self._seen_segments.add(key)
         for table, path in cached[0]:
@@ -1142,6 +1174,11 @@ class RunReader:
             listing = ", ".join(_sql_str(p) for p in paths)
             # Explicit columns: a `key=value` folder above the logs folder would otherwise add a column.
             source = f"read_parquet([{listing}], hive_partitioning = true, hive_types = {{'run': 'VARCHAR'}})"
+            if any(p in self._legacy_files for p in paths):
+                # files from before `_ADDED_COLUMNS`: by-name union with the empty table gives them NULL there
+                source = (f"(SELECT * FROM _runlog.empty_{table} UNION ALL BY NAME SELECT * FROM "
+                          f"read_parquet([{listing}], union_by_name = true, hive_partitioning = true, "
+                          f"hive_types = {{'run': 'VARCHAR'}}))")
         else:  # an empty run, or no process-supervision steps: the right columns, no rows
             source = f"_runlog.empty_{table}"
         columns = ", ".join(f'"{name}"' for name in TABLE_SCHEMAS[table].names)
