@@ -101,7 +101,38 @@ def config_diff(table: pd.DataFrame) -> pd.DataFrame:
 
 
 ROLLOUT_COLUMNS = """rollout_id, group_id, index_in_group, kind, prompt_id, prompt, completion, answer, reward,
-    reward_correct, reward_process, reward_length, advantage, length, truncated, filtered, filter_reason"""
+    reward_correct, reward_process, reward_length, advantage, length, truncated, filtered, filter_reason,
+    reward_components"""
+
+
+def reward_breakdown(rollout) -> str:
+    """"reward R = name v + name v ...": a rollout's total reward and its parts, as plain text.
+
+    The parts are the logged `reward_components` (one per reward function, e.g. a TRL run's) when present,
+    else the engine's correct / process / length terms; unreadable components are said to be so."""
+    def num(v) -> str:
+        if v is None or isinstance(v, (str, bool)):
+            return "n/a" if v is None else "unreadable"
+        try:
+            f = float(v)
+        except (TypeError, ValueError):
+            return "unreadable"
+        return "n/a" if f != f else f"{f:.3g}"
+
+    parts: list[tuple[str, object]]
+    raw = getattr(rollout, "reward_components", None)
+    if isinstance(raw, str):
+        try:
+            parsed = json.loads(raw)
+            parts = list(parsed.items()) if isinstance(parsed, dict) else [("components", "?")]
+        except ValueError:
+            parts = [("components", "?")]
+    else:
+        parts = [("correct", rollout.reward_correct), ("length", rollout.reward_length)]
+        if rollout.reward_process == rollout.reward_process and rollout.reward_process is not None:
+            parts.insert(1, ("process", rollout.reward_process))
+    terms = " + ".join(f"{name} {num(v)}" for name, v in parts)
+    return f"reward {num(rollout.reward)} = {terms}"
 
 
 @st.cache_data(ttl=STEP_TTL, show_spinner=False)

@@ -78,9 +78,8 @@ for group in shown.iloc[(page - 1) * GROUPS_PER_PAGE: page * GROUPS_PER_PAGE].it
                 flags = [f for f, on in (("✂ truncated", r.truncated), ("⊘ filtered", r.filtered)) if on]
                 column.markdown(f"**#{r.index_in_group}** · A **{r.advantage:+.3f}** · {r.length} tok"
                                 + (" · " + " ".join(flags) if flags else ""))
-                column.caption(f"reward {r.reward:.3g} = correct {r.reward_correct:.3g}"
-                               + ("" if r.reward_process != r.reward_process else f" + process {r.reward_process:.3g}")
-                               + f" + length {r.reward_length:.3g}")
+                # reward function names come from the trainer's code: shown as literal text
+                column.caption(common.md(queries.reward_breakdown(r)))
                 # st.code escapes its text and keeps whitespace and newlines as they are.
                 column.code(r.completion, language=None, wrap_lines=True)
                 column.page_link("app_pages/token_inspector.py", label="tokens", icon=":material/text_fields:",

@@ -26,7 +26,9 @@ them). What lands in the run log, in the engine's schema (engine/runlog.py):
 grad_weight is exact: a tensor hook on the log-probs of TRL's training forward receives d(loss)/d(logp) during
 TRL's own backward, and -1 times it is logged. It is the gradient of the loss TRL backpropagates, so with
 `gradient_accumulation_steps > 1` it includes TRL's 1/accumulation scaling, and under several processes it is
-this process's share before the gradient all-reduce.
+this process's share before the gradient all-reduce. It also includes TRL's KL gradient as configured: with
+TRL's default `use_bias_correction_kl=True` the KL term is multiplied by the ratio (DeepSeek-V3.2), which the
+engine's objectives do not do; `kl` is the plain k3 value either way.
 
 `log_groups=K` keeps the tokens and token passes of only the first K groups of each step (the rollouts and the
 `steps` aggregates always cover the whole batch): a real run with thousands of long completions stays cheap.
@@ -150,7 +152,7 @@ def token_losses(
     advantages: torch.Tensor,
     eps_low: float,
     eps_high: float,
-    kl: torch.Tensor | None = None,
+    kl_term: torch.Tensor | None = None,
     beta: float = 0.0,
     sapo_temperatures: tuple[float, float] = (1.0, 1.05),
 ) -> torch.Tensor | None:
@@ -158,7 +160,8 @@ def token_losses(
 
     PPO-clip losses: -min(r A, clip(r, 1 - eps_low, 1 + eps_high) A); CISPO: -min(r, epsilon_high) A (the value
     of TRL's -sg(clip(r)) A log pi up to the log pi factor, as in engine.objectives); SAPO: -A 4 sigmoid(tau (r -
-    1)) / tau; plus beta * k3 KL. vespo has no value without its gamma weights: None. (B, T) or (B, 1), detached.
+    1)) / tau; plus beta * kl_term (the k3 KL, times the ratio under TRL's use_bias_correction_kl). vespo has no
+    value without its gamma weights: None. (B, T) or (B, 1), detached.
     """
     r, adv = coef_1.detach(), advantages.detach()
     if loss_type in _PPO_CLIP_LOSSES:
@@ -171,7 +174,7 @@ def token_losses(
         loss = -adv * torch.sigmoid(tau * (r - 1)) * 4 / tau
     else:
         return None
-    return loss if kl is None or not beta else loss + beta * kl.detach()
+    return loss if kl_term is None or not beta else loss + beta * kl_term.detach()
 
 
 def run_name_from_output_dir(output_dir: str | Path) -> str:
@@ -399,7 +402,10 @@ class PolicyLensGRPOTrainer(GRPOTrainer):
         kl = None
         if self.beta != 0.0 and inputs.get("ref_per_token_logps") is not None:
             kl = k3_kl(new, inputs["ref_per_token_logps"].detach())
-        loss = token_losses(self.loss_type, coef_1, adv, self.epsilon_low, self.epsilon_high, kl, self.beta, taus)
+        # TRL's default use_bias_correction_kl multiplies the KL term by the ratio (DeepSeek-V3.2's unbiased KL)
+        kl_term = kl * coef_1 if kl is not None and self.args.use_bias_correction_kl else kl
+        loss = token_losses(self.loss_type, coef_1, adv, self.epsilon_low, self.epsilon_high, kl_term, self.beta,
+                            taus)
         shape = new.shape
         record = _Pass(
             rows=inputs[ROW_KEY].detach().cpu(), mask=mask.detach().cpu(), new_logp=new.cpu(), old_logp=old.cpu(),

@@ -1,0 +1,235 @@
+"""The TRL adapter (engine/integrations/trl.py) on real TRL GRPOTrainer runs of the tiny warm-started model, on CPU.
+
+Every run is a handful of optimizer steps of a ~90k-parameter model: seconds each. What is checked is what TRL
+itself computed (its logged metrics, its backward through the tensor hook) against what the run log holds, and
+the hooked gradients against engine.objectives.policy_loss on the same inputs.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from transformers import TrainerCallback
+from trl import GRPOConfig
+
+from engine.integrations.trl import PolicyLensGRPOTrainer, algorithm_name, run_name_from_output_dir
+from engine.integrations.trl_tasks import task_dataset, task_reward_funcs
+from engine.objectives import policy_loss
+from engine.runlog import RunReader
+
+MAX_LEN = 24
+
+
+@pytest.fixture(scope="session")
+def warm_model_dir(warm_cache):
+    """The tiny warm-started model of the engine's tests, as a save_pretrained folder (model + tokenizer)."""
+    from engine.tasks import get_task
+    from engine.train import load_models
+    from tests.conftest import tiny_config
+
+    cfg = tiny_config()
+    load_models(cfg, get_task(cfg.task, seed=cfg.task_seed), torch.device("cpu"), warm_cache, sft_threads=1)
+    (folder,) = Path(warm_cache).glob("warmstart-*")
+    return folder
+
+
+class _KeepLogs(TrainerCallback):
+    """Every dict TRL logs, in order (one per optimizer step with logging_steps=1)."""
+
+    def __init__(self):
+        self.logs: list[dict] = []
+
+    def on_log(self, args, state, control, logs=None, **kwargs):
+        if logs is not None and "train_runtime" not in logs:
+            self.logs.append(dict(logs))
+
+
+def train_trl(tmp_path, model_dir, run_name="trl-run", log_groups=None, max_steps=8, tokenizer=None,
+              reward_funcs=None, dataset=None, **config):
+    """Train a PolicyLensGRPOTrainer run; returns (logs_dir, run_name, output_dir, TRL's logs, trainer)."""
+    from engine.tasks import get_task
+
+    torch.set_num_threads(1)
+    task = get_task("linear")
+    settings = dict(per_device_train_batch_size=8, num_generations=4, steps_per_generation=2, num_iterations=2,
+                    max_completion_length=MAX_LEN, max_steps=max_steps, learning_rate=1e-3, beta=0.04,
+                    logging_steps=1, report_to=[], save_strategy="no", use_cpu=True, seed=0, disable_tqdm=True,
+                    log_completions=True, num_completions_to_print=0, loss_type="grpo",
+                    use_bias_correction_kl=False)  # the plain k3 KL of GRPO (and of the engine)
+    settings.update(config)
+    output_dir = tmp_path / "out" / run_name
+    keep = _KeepLogs()
+    trainer = PolicyLensGRPOTrainer(
+        model=str(model_dir), processing_class=tokenizer,
+        reward_funcs=reward_funcs or task_reward_funcs(task, MAX_LEN), args=GRPOConfig(str(output_dir), **settings),
+        train_dataset=dataset or task_dataset(task), callbacks=[keep], logs_dir=tmp_path / "logs",
+        run_name=run_name, log_groups=log_groups)
+    trainer.train()
+    return tmp_path / "logs", run_name, output_dir, keep.logs, trainer
+
+
+@pytest.fixture(scope="module")
+def grpo_run(tmp_path_factory, warm_model_dir):
+    """Two PolicyLens steps (generations) of TRL's GRPO: 2 mini-batches x 2 passes each, beta 0.04."""
+    return train_trl(tmp_path_factory.mktemp("trl"), warm_model_dir)
+
+
+def frame(logs_dir, query, params=()):
+    with RunReader(logs_dir) as reader:
+        assert reader.problems == []
+        return reader.sql(query, list(params))
+
+
+# ---------------------------------------------------------------- the run log of a TRL run
+
+
+def test_two_trl_steps_are_logged_whole(grpo_run):
+    logs_dir, _, _, trl_logs, trainer = grpo_run
+    with RunReader(logs_dir) as reader:
+        (meta,) = reader.sql("SELECT * FROM runs").to_dict("records")
+        steps = reader.sql("SELECT * FROM steps ORDER BY step")
+        rollouts = reader.sql("SELECT * FROM rollouts ORDER BY step, rollout_id")
+        tokens = reader.sql("SELECT * FROM tokens ORDER BY step, rollout_id, position")
+        passes = reader.sql("SELECT * FROM token_passes")
+    assert meta["status"] == "finished" and meta["algorithm"] == "grpo"
+    config = json.loads(meta["config"])
+    assert config["loss_type"] == "grpo" and config["beta"] == 0.04 and config["num_generations"] == 4
+    assert list(steps["step"]) == [1, 2]
+    assert len(trl_logs) == 8  # 2 generations x 2 passes x 2 mini-batches, one optimizer step each
+    # the steps row averages TRL's logs of its generation
+    for step, logs in ((1, trl_logs[:4]), (2, trl_logs[4:])):
+        row = steps[steps["step"] == step].iloc[0]
+        assert "reward" in logs[0] and not any("reward" in x for x in logs[1:])  # logged once per generation
+        assert row["reward_mean"] == pytest.approx(logs[0]["reward"])
+        assert row["loss"] == pytest.approx(np.mean([x["loss"] for x in logs]))
+        assert row["clip_high_frac"] == pytest.approx(np.mean([x["clip_ratio/high_mean"] for x in logs]))
+        assert json.loads(row["extra"])["trl_global_step"] == 4 * step
+
+    # rollouts: 16 per step in 4 groups of 4; the total reward is the sum of its components (weights 1)
+    assert rollouts.groupby("step").size().tolist() == [16, 16]
+    assert (rollouts["group_id"] == rollouts["rollout_id"] // 4).all() and (rollouts["rank"] == 0).all()
+    parts = rollouts["reward_components"].map(json.loads)
+    assert set(parts.iloc[0]) == {"correct", "overlong"}
+    np.testing.assert_allclose(parts.map(lambda d: d["correct"] + d["overlong"]), rollouts["reward"], atol=1e-6)
+    # GRPO advantages, as TRL computes them: (r - group mean) / (group std + 1e-4)
+    grouped = rollouts.groupby(["step", "group_id"])["reward"]
+    expected = (rollouts["reward"] - grouped.transform("mean")) / (grouped.transform("std") + 1e-4)
+    np.testing.assert_allclose(rollouts["advantage"], expected, atol=1e-5)
+
+    # tokens: one row per completion token (the EOS included), positions 0..length-1
+    per_rollout = tokens.groupby(["step", "rollout_id"])["position"].agg(["count", "max"]).reset_index()
+    merged = per_rollout.merge(rollouts[["step", "rollout_id", "length"]], on=["step", "rollout_id"])
+    assert (merged["count"] == merged["length"]).all() and (merged["max"] == merged["length"] - 1).all()
+    tok = trainer.processing_class
+    for (_, r), (_, toks) in zip(rollouts.iterrows(), tokens.groupby(["step", "rollout_id"]), strict=True):
+        assert tok.decode(list(toks["token_id"]), skip_special_tokens=True) == r["completion"]
+        assert "".join(toks["token_text"]).replace(tok.eos_token, "") == r["completion"]
+    assert tokens["ref_logp"].notna().all() and tokens["entropy"].notna().all()
+
+    # token passes: every token twice (num_iterations = 2), in one of 4 passes per step
+    assert len(passes) == 2 * len(tokens)
+    assert sorted(passes["pass"].unique()) == [0, 1, 2, 3]
+
+
+def test_ratio_is_exp_of_new_minus_old_and_the_first_pass_is_on_policy(grpo_run):
+    logs_dir = grpo_run[0]
+    joined = frame(logs_dir, """SELECT p.step, p.pass, p.ratio, p.new_logp, t.old_logp FROM token_passes p
+                                JOIN tokens t USING (step, rollout_id, position)""")
+    np.testing.assert_allclose(joined["ratio"], np.exp(joined["new_logp"] - joined["old_logp"]), rtol=1e-5)
+    # pass 0 is the first mini-batch before any update of its generation: TRL's old log-probs are its own
+    first = joined[joined["pass"] == 0]
+    np.testing.assert_allclose(first["ratio"], 1.0, atol=1e-5)
+    assert (joined[joined["pass"] > 0]["ratio"] - 1).abs().max() > 1e-3  # later passes moved
+
+
+def test_clip_codes_match_trls_logged_clip_fractions_pass_by_pass(grpo_run):
+    logs_dir, _, _, trl_logs, _ = grpo_run
+    fractions = frame(logs_dir, """SELECT step, pass, avg((clip = 1)::DOUBLE) AS low, avg((clip = 2)::DOUBLE) AS high,
+                                   count(*) AS n FROM token_passes GROUP BY step, pass ORDER BY step, pass""")
+    assert len(fractions) == len(trl_logs) == 8
+    for (_, row), logs in zip(fractions.iterrows(), trl_logs, strict=True):
+        assert row["low"] == pytest.approx(logs["clip_ratio/low_mean"], abs=1e-6)
+        assert row["high"] == pytest.approx(logs["clip_ratio/high_mean"], abs=1e-6)
+    assert (fractions["low"] + fractions["high"]).sum() > 0  # lr 1e-3 clips some tokens: the check compared something
+
+
+# ---------------------------------------------------------------- grad_weight against engine.objectives
+
+
+def _pass_tensors(logs_dir, step, pass_):
+    """(B, T) tensors of one pass from the run log, rows in rollout order, padded with mask 0."""
+    df = frame(logs_dir, """SELECT p.rollout_id, p.position, p.new_logp, p.grad_weight, p.clip, t.old_logp,
+                                   t.ref_logp, t.advantage FROM token_passes p JOIN tokens t
+                                   USING (step, rollout_id, position) WHERE p.step = ? AND p.pass = ?""",
+               [step, pass_])
+    ids = sorted(df["rollout_id"].unique())
+    row = {r: i for i, r in enumerate(ids)}
+    B, T = len(ids), int(df["position"].max()) + 1
+    out = {k: torch.zeros(B, T, dtype=torch.float64) for k in ("new_logp", "grad_weight", "old_logp", "ref_logp",
+                                                                 "advantage", "mask", "clip")}
+    for r in df.itertuples(index=False):
+        i, t = row[r.rollout_id], r.position
+        for k in ("new_logp", "grad_weight", "old_logp", "ref_logp", "advantage", "clip"):
+            out[k][i, t] = getattr(r, k)
+        out["mask"][i, t] = 1.0
+    return out
+
+
+# (TRL loss_type, importance_sampling_level, extra GRPOConfig) -> (engine algorithm, policy_loss overrides)
+MATCHING = {
+    "grpo": (("grpo", "token", {}), ("grpo", {"eps_low": 0.2, "eps_high": 0.2})),
+    "dapo": (("dapo", "token", {"epsilon_high": 0.28}), ("dapo", {"eps_low": 0.2, "eps_high": 0.28})),
+    "bnpo": (("bnpo", "token", {}), ("dapo", {"eps_low": 0.2, "eps_high": 0.2})),
+    "dr_grpo": (("dr_grpo", "token", {}), ("dr_grpo", {"eps_low": 0.2, "eps_high": 0.2, "max_len": MAX_LEN})),
+    # TRL's CISPO caps the IS weight at epsilon_high (absolute), no lower bound: the engine's 1 + eps_high, eps_low 1
+    "cispo": (("cispo", "token", {"epsilon_high": 1.5}), ("cispo", {"eps_low": 1.0, "eps_high": 0.5})),
+    "sapo": (("sapo", "token", {}), ("sapo", {})),
+    "gspo": (("grpo", "sequence", {"epsilon": 3e-4, "epsilon_high": 4e-4}),
+             ("gspo", {"eps_low": 3e-4, "eps_high": 4e-4})),
+}
+
+
+@pytest.mark.parametrize("name", list(MATCHING))
+def test_grad_weight_is_trls_gradient_and_equals_policy_loss(tmp_path, warm_model_dir, name):
+    """One mini-batch per pass (steps_per_generation=1) so TRL's normalisers are the engine's aggregations.
+
+    Not compared, because no engine objective has their formula: luspo (a per-sequence token SUM, length-weighted)
+    and vespo (gamma weights of the summed sequence log-ratio); nor TRL options the engine lacks (delta two-sided
+    clipping, top_entropy_quantile, the off-policy mask, vLLM importance-sampling correction). dapo / cispo with
+    several mini-batches per generation normalise by the whole generation's token count, the engine by the
+    mini-batch's: the same weights up to that constant factor.
+    """
+    (loss_type, level, extra), (algo, overrides) = MATCHING[name]
+    logs_dir, *_ = train_trl(tmp_path, warm_model_dir, run_name=f"trl-{name}", max_steps=2,
+                                  steps_per_generation=1, loss_type=loss_type, importance_sampling_level=level, **extra)
+    assert frame(logs_dir, "SELECT algorithm FROM runs")["algorithm"][0] == algorithm_name(loss_type, level) == algo
+    for pass_ in (0, 1):
+        t = _pass_tensors(logs_dir, 1, pass_)
+        logp = t["new_logp"].clone().requires_grad_(True)
+        out = policy_loss(algo, logp, t["old_logp"], t["advantage"], t["mask"], ref_logp=t["ref_logp"], beta=0.04,
+                          **overrides)
+        on = t["mask"] > 0
+        np.testing.assert_allclose(t["grad_weight"][on], out.grad_weight[on], rtol=2e-3, atol=1e-7)
+        if name != "sapo":  # TRL logs no SAPO clip rule; the adapter's is the engine's, identical by construction
+            assert torch.equal(t["clip"][on].to(torch.int8), out.clip[on])
+    assert (t["grad_weight"][on].abs() > 0).all()
+
+
+def test_log_groups_keeps_tokens_of_the_first_groups_only(tmp_path, warm_model_dir):
+    logs_dir, *_ = train_trl(tmp_path, warm_model_dir, run_name="trl-some-groups", log_groups=1, max_steps=4)
+    counts = frame(logs_dir, """SELECT (SELECT count(*) FROM rollouts) AS rollouts,
+                                       (SELECT count(DISTINCT rollout_id) FROM tokens) AS with_tokens,
+                                       (SELECT max(rollout_id) FROM token_passes) AS last_pass_rollout,
+                                       (SELECT count(*) FROM steps) AS steps""")
+    assert counts.iloc[0].tolist() == [16, 4, 3, 1]
+
+
+def test_run_name_comes_from_the_output_folder_and_bad_arguments_are_refused(tmp_path, warm_model_dir):
+    assert run_name_from_output_dir(tmp_path / "my run: v2") == "my-run-v2"
+    assert run_name_from_output_dir("/") == "trl-run"
+    with pytest.raises(ValueError, match="log_groups"):
+        PolicyLensGRPOTrainer(model=str(warm_model_dir), reward_funcs=[], log_groups=0)
