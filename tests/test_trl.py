@@ -16,7 +16,8 @@ import torch
 from transformers import TrainerCallback
 from trl import GRPOConfig
 
-from engine.integrations.trl import PolicyLensGRPOTrainer, algorithm_name, run_name_from_output_dir
+from engine.importers import run_name_from_folder
+from engine.integrations.trl import PolicyLensGRPOTrainer, algorithm_name
 from engine.integrations.trl_tasks import task_dataset, task_reward_funcs
 from engine.objectives import policy_loss
 from engine.runlog import RunReader
@@ -229,7 +230,46 @@ def test_log_groups_keeps_tokens_of_the_first_groups_only(tmp_path, warm_model_d
 
 
 def test_run_name_comes_from_the_output_folder_and_bad_arguments_are_refused(tmp_path, warm_model_dir):
-    assert run_name_from_output_dir(tmp_path / "my run: v2") == "my-run-v2"
-    assert run_name_from_output_dir("/") == "trl-run"
+    assert run_name_from_folder(tmp_path / "my run: v2") == "my-run-v2"
+    assert run_name_from_folder("/") == "imported-run"
     with pytest.raises(ValueError, match="log_groups"):
         PolicyLensGRPOTrainer(model=str(warm_model_dir), reward_funcs=[], log_groups=0)
+
+
+# ---------------------------------------------------------------- importing TRL's completions files
+
+
+def test_importing_trls_completions_files_gives_the_adapters_rollouts(grpo_run, tmp_path):
+    import shutil
+
+    from engine.importers import import_trl
+
+    logs_dir, run, output_dir, *_ = grpo_run
+    files = sorted((output_dir / "completions").glob("completions_*.parquet"))
+    assert len(files) == 8  # one per logging step: each generation written 4 times
+    report = import_trl(output_dir, tmp_path / "imported", "from-trl")
+    assert report.problems == [] and report.imported == [1, 5]  # deduplicated: one step per generation
+
+    def rows(logs, name):
+        return frame(logs, """SELECT dense_rank() OVER (ORDER BY step) AS generation, rollout_id, group_id, prompt,
+                                     completion, round(reward, 5) AS reward, round(advantage, 4) AS advantage,
+                                     reward_components FROM rollouts WHERE run = ? ORDER BY step, rollout_id""", [name])
+
+    adapter, imported = rows(logs_dir, run), rows(tmp_path / "imported", "from-trl")
+    cols = ["generation", "rollout_id", "group_id", "prompt", "completion", "reward", "advantage"]
+    assert adapter[cols].equals(imported[cols])
+    assert [json.loads(c) for c in imported["reward_components"]] == [
+        {k: pytest.approx(v) for k, v in json.loads(c).items()} for c in adapter["reward_components"]]
+
+    # importing again adds nothing and changes nothing
+    again = import_trl(output_dir, tmp_path / "imported", "from-trl")
+    assert again.imported == [] and again.already_there == 2
+    assert rows(tmp_path / "imported", "from-trl").equals(imported)
+
+    # a damaged file is reported by name and skipped; the generation is taken from its next copy
+    damaged = tmp_path / "damaged-out"
+    shutil.copytree(output_dir, damaged)
+    (damaged / "completions" / "completions_00005.parquet").write_bytes(b"PAR1 not really")
+    report = import_trl(damaged, tmp_path / "imported", "from-damaged")
+    assert len(report.problems) == 1 and "completions_00005.parquet" in report.problems[0]
+    assert report.imported == [1, 6]

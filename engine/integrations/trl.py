@@ -48,7 +48,6 @@ from __future__ import annotations
 
 import json
 import math
-import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -63,6 +62,7 @@ except ImportError as err:  # pragma: no cover - depends on the installed extras
         "engine.integrations.trl needs TRL: install the extra with  pip install 'policylens[trl]'"
     ) from err
 
+from engine.importers import run_name_from_folder
 from engine.objectives import CLIP_CAP, CLIP_HIGH, CLIP_LOW, CLIP_NONE, SAPO_SOFT_CAP_LEVEL, k3_kl
 from engine.rollout import TokenText
 from engine.runlog import RunWriter, validate_run_name
@@ -73,7 +73,6 @@ __all__ = [
     "PolicyLensGRPOTrainer",
     "algorithm_name",
     "clip_codes",
-    "run_name_from_output_dir",
     "token_losses",
 ]
 
@@ -177,12 +176,6 @@ def token_losses(
     return loss if kl_term is None or not beta else loss + beta * kl_term.detach()
 
 
-def run_name_from_output_dir(output_dir: str | Path) -> str:
-    """A valid run name from TRL's output folder name (characters outside the run-name rule become '-')."""
-    name = re.sub(r"[^A-Za-z0-9._-]+", "-", Path(str(output_dir)).resolve().name).strip(".-_") or "trl-run"
-    return re.sub(r"\.{2,}", ".", name)[:100].rstrip(".")
-
-
 # ---------------------------------------------------------------- the buffers of one step
 
 
@@ -249,7 +242,7 @@ class PolicyLensGRPOTrainer(GRPOTrainer):
         super().__init__(*args, **kwargs)
         self.policylens_logs_dir = Path(logs_dir)
         self.policylens_run_name = validate_run_name(
-            run_name if run_name is not None else run_name_from_output_dir(self.args.output_dir),
+            run_name if run_name is not None else run_name_from_folder(self.args.output_dir),
             self.policylens_logs_dir)
         self.policylens_log_groups = log_groups
         self.policylens_writer: RunWriter | None = None
