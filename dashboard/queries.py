@@ -105,6 +105,16 @@ ROLLOUT_COLUMNS = """rollout_id, group_id, index_in_group, kind, prompt_id, prom
     reward_components"""
 
 
+def known(value) -> bool:
+    """False for a NULL / NaN cell (not recorded, e.g. a length or flag an imported run does not have)."""
+    return not pd.isna(value)
+
+
+def is_set(flag) -> bool:
+    """A logged boolean that is True; NULL counts as not set."""
+    return known(flag) and bool(flag)
+
+
 def reward_breakdown(rollout) -> str:
     """"reward R = name v + name v ...": a rollout's total reward and its parts, as plain text.
 

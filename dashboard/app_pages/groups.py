@@ -66,7 +66,7 @@ pages = max(1, -(-len(shown) // GROUPS_PER_PAGE))
 page = st.number_input("Page", 1, pages, 1, key="group_page") if pages > 1 else 1
 for group in shown.iloc[(page - 1) * GROUPS_PER_PAGE: page * GROUPS_PER_PAGE].itertuples(index=False):
     members = rollouts[rollouts["group_id"] == group.group_id].sort_values("index_in_group")
-    mark = f" · **dropped** ({common.md(group.filter_reason)})" if group.filtered else ""
+    mark = f" · **dropped** ({common.md(group.filter_reason)})" if queries.is_set(group.filtered) else ""
     with st.container(border=True):
         st.markdown(f"**Group {group.group_id}** · {group.outcome} · reward mean {group.reward_mean:.3f}, "
                     f"std {group.reward_std:.3f}{mark}")
@@ -75,7 +75,8 @@ for group in shown.iloc[(page - 1) * GROUPS_PER_PAGE: page * GROUPS_PER_PAGE].it
             columns = st.columns(COLUMNS_PER_ROW)
             for column, r in zip(columns, members.iloc[start: start + COLUMNS_PER_ROW].itertuples(index=False),
                                  strict=False):
-                flags = [f for f, on in (("✂ truncated", r.truncated), ("⊘ filtered", r.filtered)) if on]
+                flags = [f for f, on in (("✂ truncated", r.truncated), ("⊘ filtered", r.filtered))
+                         if queries.is_set(on)]
                 column.markdown(f"**#{r.index_in_group}** · A **{r.advantage:+.3f}** · {r.length} tok"
                                 + (" · " + " ".join(flags) if flags else ""))
                 # reward function names come from the trainer's code: shown as literal text

@@ -62,15 +62,16 @@ process = rollout.reward_process
 metrics[2].metric("process", "–" if process != process else f"{process:.3g}")  # NaN: no process reward
 metrics[3].metric("length reward", f"{rollout.reward_length:.3g}")
 metrics[4].metric("advantage", f"{rollout.advantage:+.3g}")
-metrics[5].metric("length", int(rollout.length))
-flags = [name for name, on in (("truncated", rollout.truncated), ("filtered", rollout.filtered)) if on]
+metrics[5].metric("length", int(rollout.length) if queries.known(rollout.length) else "–")
+flags = [name for name, on in (("truncated", rollout.truncated), ("filtered", rollout.filtered)) if queries.is_set(on)]
 metrics[6].metric("flags", ", ".join(flags) or "–")
-if rollout.filtered:
+if queries.is_set(rollout.filtered):
     st.caption(f"Filtered from the update: {common.md(rollout.filter_reason)}")
 st.caption(f"Reference answer: {common.md(rollout.answer)}")
 
 if tokens.empty:
-    st.info("No tokens logged for this rollout.")
+    st.info("No tokens logged for this rollout. (A run imported from TRL or verl dumps has tokens only when "
+            "imported with --tokenizer, and never log-probs: those dumps hold text and rewards only.)")
     st.stop()
 if rollout.kind == "eval":
     st.caption("Eval rollouts are not trained on: only sampling-time channels (log-probs, entropy) exist.")
