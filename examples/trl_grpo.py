@@ -61,7 +61,7 @@ def main(argv: list[str] | None = None) -> None:
     from engine.tasks import get_task
 
     torch.set_num_threads(args.threads)
-    state = PartialState()
+    state = PartialState(cpu=True)  # the same process group TRL (use_cpu=True) joins: gloo on CPU
     logs_dir = Path(args.logs_dir)
     with state.main_process_first():  # rank 0 builds the warm start once, the others then load it
         model_dir = Path(args.model_dir) if args.model_dir else warm_start_folder(logs_dir, args.model_size)

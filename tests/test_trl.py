@@ -289,3 +289,42 @@ def test_every_dashboard_page_renders_a_trl_run(grpo_run, page, monkeypatch):
         assert "correct" in text and "overlong" in text
     if page == "token_inspector":
         assert not at.error
+
+
+# ---------------------------------------------------------------- two processes under accelerate
+
+
+@pytest.mark.slow
+def test_two_processes_under_accelerate_log_their_rollouts_by_rank(tmp_path, warm_model_dir):
+    import os
+    import subprocess
+    import sys
+
+    repo = Path(__file__).resolve().parent.parent
+    accelerate = Path(sys.executable).with_name("accelerate")
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(repo), os.environ.get("PYTHONPATH", "")])}
+    # accelerate 1.15: --cpu --num_processes 2 would start one process; --multi_gpu starts two ranks (gloo on CPU)
+    done = subprocess.run(
+        [str(accelerate), "launch", "--multi_gpu", "--num_processes", "2", "--num_machines", "1",
+         "--mixed_precision", "no", "--dynamo_backend", "no", str(repo / "examples" / "trl_grpo.py"),
+         "--steps", "2", "--prompts", "4", "--model-dir", str(warm_model_dir), "--logs-dir", str(tmp_path),
+         "--run-name", "two-ranks"],
+        env=env, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    with RunReader(tmp_path) as reader:
+        assert reader.problems == []
+        (meta,) = reader.sql("SELECT status, config FROM runs").to_dict("records")
+        by_rank = reader.sql("""SELECT step, rank, count(*) AS n, min(rollout_id) AS first, max(rollout_id) AS last,
+                                       count(DISTINCT group_id) AS groups FROM rollouts GROUP BY ALL ORDER BY 1, 2""")
+        steps = reader.sql("SELECT step, reward_mean FROM steps ORDER BY step")
+        totals = reader.sql("SELECT step, avg(reward) AS reward FROM rollouts GROUP BY step ORDER BY step")
+        tokens_by_rank = reader.sql("""SELECT r.rank, count(*) AS n FROM tokens t JOIN rollouts r
+                                       USING (step, rollout_id) GROUP BY ALL ORDER BY 1""")
+    assert meta["status"] == "finished" and json.loads(meta["config"])["policylens"]["world_size"] == 2
+    # each rank logged its half of every generation batch (32 completions: 4 prompts x 8), ids unique across ranks
+    assert by_rank[["step", "rank", "n", "first", "last"]].values.tolist() == [
+        [1, 0, 16, 0, 15], [1, 1, 16, 16, 31], [2, 0, 16, 0, 15], [2, 1, 16, 16, 31]]
+    assert tokens_by_rank["rank"].tolist() == [0, 1] and (tokens_by_rank["n"] > 0).all()
+    # rank 0's steps row holds TRL's global metrics: the mean reward over both ranks' rollouts
+    assert steps["step"].tolist() == [1, 2]
+    np.testing.assert_allclose(steps["reward_mean"], totals["reward"], rtol=1e-5)
