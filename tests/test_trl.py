@@ -328,3 +328,62 @@ def test_two_processes_under_accelerate_log_their_rollouts_by_rank(tmp_path, war
     # rank 0's steps row holds TRL's global metrics: the mean reward over both ranks' rollouts
     assert steps["step"].tolist() == [1, 2]
     np.testing.assert_allclose(steps["reward_mean"], totals["reward"], rtol=1e-5)
+
+
+# ---------------------------------------------------------------- a byte-level BPE tokenizer
+
+
+def byte_level_bpe(corpus: list[str]):
+    """A byte-level BPE tokenizer (GPT-2 style) trained here on `corpus` with the tokenizers library."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    tok.train_from_iterator(corpus, trainers.BpeTrainer(
+        vocab_size=320, min_frequency=2, special_tokens=["<pad>", "<bos>", "<eos>"],
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
+    return PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<bos>", eos_token="<eos>", pad_token="<pad>")
+
+
+def test_byte_level_tokens_are_shown_readably():
+    from engine.rollout import TokenText
+
+    tokenizer = byte_level_bpe(["x = 2 is the answer"] * 20 + ["one arrow: →"])  # '→' too rare to merge
+    ids = tokenizer("so x → 2", add_special_tokens=False)["input_ids"]
+    texts = [TokenText(tokenizer).token(i) for i in ids]
+    raw = tokenizer.convert_ids_to_tokens(ids)
+    assert "Ġ" in raw  # the space marker of byte-level BPE ...
+    assert "Ġ" not in "".join(texts) and texts[raw.index("Ġ")] == " "  # ... is shown as the space it stands for
+    # '→' (3 bytes of UTF-8) is 3 tokens; each alone is partial UTF-8: shown as its byte, not as U+FFFD
+    arrow = [t for t in texts if t.startswith("\\x")]
+    assert arrow == ["\\xe2", "\\x86", "\\x92"] and "\ufffd" not in "".join(texts)
+
+
+def test_adapter_with_a_byte_level_bpe_model(tmp_path):
+    """A tiny random Llama with a locally trained byte-level BPE: tokens line up with TRL's completions."""
+    from engine.policy import build_model
+    from engine.tasks import get_task
+    from engine.train import model_config
+
+    task = get_task("linear")
+    tokenizer = byte_level_bpe([p.prompt + task.solution_text(p) for p in task.train[:400]] + ["é → ü"])
+    model_dir = tmp_path / "bpe-model"
+    build_model(tokenizer, model_config("tiny")).save_pretrained(model_dir)
+    tokenizer.save_pretrained(model_dir)
+    logs_dir, *_ = train_trl(tmp_path, model_dir, run_name="bpe", max_steps=1, steps_per_generation=1,
+                             num_iterations=1, tokenizer=tokenizer)
+    with RunReader(logs_dir) as reader:
+        rollouts = reader.sql("SELECT rollout_id, completion, length FROM rollouts ORDER BY rollout_id")
+        tokens = reader.sql("SELECT rollout_id, position, token_id, token_text FROM tokens ORDER BY 1, 2")
+        passes = reader.sql("SELECT rollout_id, position FROM token_passes ORDER BY 1, 2")
+    assert len(rollouts) == 8
+    assert passes.values.tolist() == tokens[["rollout_id", "position"]].values.tolist()
+    for r in rollouts.itertuples(index=False):
+        mine = tokens[tokens["rollout_id"] == r.rollout_id]
+        assert mine["position"].tolist() == list(range(r.length))
+        assert tokenizer.decode(mine["token_id"].tolist(), skip_special_tokens=True) == r.completion
+    texts = "".join(tokens["token_text"])
+    assert "\ufffd" not in texts and "Ġ" not in texts
+    assert "\\x" in texts  # the random model wrote partial UTF-8 bytes: shown as bytes
