@@ -387,3 +387,25 @@ def test_adapter_with_a_byte_level_bpe_model(tmp_path):
     texts = "".join(tokens["token_text"])
     assert "\ufffd" not in texts and "Ġ" not in texts
     assert "\\x" in texts  # the random model wrote partial UTF-8 bytes: shown as bytes
+
+
+def test_engine_trains_a_model_dir_with_a_byte_level_bpe_tokenizer(tmp_path, run_tiny):
+    """`policylens train --model DIR` with the same kind of tokenizer: tokens line up with the completions."""
+    from engine.policy import build_model
+    from engine.tasks import get_task
+    from engine.train import model_config
+
+    task = get_task("linear")
+    tokenizer = byte_level_bpe([p.prompt + task.solution_text(p) for p in task.train[:400]] + ["é → ü"])
+    model_dir = tmp_path / "bpe-model"
+    build_model(tokenizer, model_config("tiny")).save_pretrained(model_dir)
+    tokenizer.save_pretrained(model_dir)
+    assert run_tiny(tmp_path / "logs", "engine-bpe", model=str(model_dir), steps=1, eval_every=0) == "finished"
+    with RunReader(tmp_path / "logs") as reader:
+        rollouts = reader.sql("SELECT rollout_id, completion, length, truncated FROM rollouts WHERE kind = 'train'")
+        tokens = reader.sql("SELECT rollout_id, position, token_id, token_text FROM tokens ORDER BY 1, 2")
+    for r in rollouts.itertuples(index=False):
+        mine = tokens[tokens["rollout_id"] == r.rollout_id]
+        assert mine["position"].tolist() == list(range(r.length))
+        assert tokenizer.decode(mine["token_id"].tolist(), skip_special_tokens=True) == r.completion
+    assert "\ufffd" not in "".join(tokens["token_text"]) and "Ġ" not in "".join(tokens["token_text"])
