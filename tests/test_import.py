@@ -128,3 +128,25 @@ def test_every_dashboard_page_renders_an_imported_run(rollout_dir, tmp_path, pag
         assert "imported" in shown and "never log-probs" in shown
     if page == "groups":
         assert "acc" in shown and "format" in shown
+
+
+def test_follow_imports_new_files_once_they_stop_growing(rollout_dir, tmp_path):
+    import os
+    import time
+
+    from engine.importers import SETTLE_SECONDS, follow
+
+    old = time.time() - 10 * SETTLE_SECONDS
+    for path in rollout_dir.iterdir():
+        os.utime(path, (old, old))
+    write(rollout_dir / "3.jsonl", verl_lines(3, with_uid=False, seed=3))  # still being written: too fresh
+    reports = []
+
+    def rounds_done() -> bool:
+        if len(reports) == 1:  # between the two looks, the trainer finished writing step 3
+            os.utime(rollout_dir / "3.jsonl", (old, old))
+        return len(reports) >= 2
+
+    follow("verl", rollout_dir, tmp_path / "logs", "live", interval=0.05, on_report=reports.append, stop=rounds_done)
+    assert [r.imported for r in reports] == [[1, 2], [3]]
+    assert len(reports[0].problems) == 1 and reports[1].problems == []  # the damaged line is reported once

@@ -272,7 +272,7 @@ class PolicyLensGRPOTrainer(GRPOTrainer):
             description = f"{type(model).__name__} {getattr(model, 'name_or_path', '')}".strip()
             self.policylens_writer = RunWriter.create(
                 self.policylens_logs_dir, self.policylens_run_name, algorithm=self.policylens_algorithm,
-                task=str(config.get("run_name") or ""), config=config, model=description, rank=rank)
+                task="", config=config, model=description, rank=rank)  # TRL knows datasets, not tasks
         return self.policylens_writer
 
     def train(self, *args: Any, **kwargs: Any):
