@@ -19,7 +19,8 @@ them). What lands in the run log, in the engine's schema (engine/runlog.py):
   `importance_sampling_level="sequence"`), clip code by TRL's own rule (`clip_codes`), grad_weight, token_loss
   (`token_losses`, the loss types whose formula is written out there) and k3 KL;
 - `steps` (rank 0): TRL's logged metrics of the optimizer steps of this generation, averaged, mapped onto the
-  contract columns (`METRIC_COLUMNS`); every other metric in `extra`;
+  contract columns (`METRIC_COLUMNS`); every other metric in `extra` (with `logging_steps=1`, as in the examples,
+  the row covers exactly its generation's optimizer steps; with more, whatever TRL logged during it);
 - `run.json`: the GRPOConfig as config, the algorithm named from loss_type / importance_sampling_level
   (`algorithm_name`).
 
@@ -376,6 +377,7 @@ class PolicyLensGRPOTrainer(GRPOTrainer):
             del self._get_per_token_logps_and_entropies
         if "logp" in seen:
             gen.passes.append(self._policylens_pass(inputs, seen))
+            del seen["logp"], seen["entropy"]  # keep only what the hook will add, not the forward's graph
         return loss
 
     def _policylens_pass(self, inputs, seen: dict) -> _Pass:
