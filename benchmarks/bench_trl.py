@@ -12,7 +12,8 @@ generation boundaries (TRL: every 4th optimizer step, timed by a callback; the e
 first step of each run is dropped (warm-up). Variants alternate order in each round, so load from other processes
 hits both alike; reported are medians over all timed steps.
 
-(a) overhead: GRPOTrainer vs PolicyLensGRPOTrainer (every token logged) on the tiny model; target <= 5%.
+(a) overhead: GRPOTrainer vs PolicyLensGRPOTrainer (every token logged) on the tiny model (the tests' short warm
+    start, 200 SFT steps); target <= 5%.
 (b) TRL GRPOTrainer vs the engine's trainer on the default warm-started model (built once, about 2 CPU minutes,
     cached in --cache-dir like `policylens train` does); reported as TRL's seconds per step / the engine's.
 """
@@ -101,7 +102,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.part in ("overhead", "both"):
             cfg = TrainConfig(algo="grpo", task="linear", model_size="tiny", steps=args.steps, eval_every=0,
                               checkpoint_every=0)
-            model_dir = warm_start_folder(cache.parent, "tiny")
+            model_dir = warm_start_folder(cache.parent, "tiny", sft_threads=1, sft_steps=200)  # as the tests
             times: dict[bool, list[float]] = {False: [], True: []}
             for i in range(args.rounds):
                 for adapter in ((False, True) if i % 2 == 0 else (True, False)):
@@ -112,7 +113,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"    overhead {100 * (ratio - 1):+.1f}% (target <= 5%)")
         if args.part in ("engine", "both"):
             cfg = TrainConfig(algo="grpo", task="linear", steps=args.steps, eval_every=0, checkpoint_every=0)
-            model_dir = warm_start_folder(cache.parent, "default")
+            model_dir = warm_start_folder(cache.parent, "default", sft_threads=1)
             trl_times, engine_times = [], []
             for i in range(args.rounds):
                 for which in (("trl", "engine") if i % 2 == 0 else ("engine", "trl")):

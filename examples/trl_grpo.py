@@ -21,20 +21,21 @@ import argparse
 from pathlib import Path
 
 
-def warm_start_folder(logs_dir: Path, model_size: str) -> Path:
+def warm_start_folder(logs_dir: Path, model_size: str, sft_threads: int = 0, sft_steps: int | None = None) -> Path:
     """The engine's warm-started model for `linear` (trained once and cached by the engine), saved with
-    save_pretrained (model and tokenizer) into a folder TRL loads like any local model."""
+    save_pretrained (model and tokenizer) into a folder TRL loads like any local model. `sft_threads` as
+    `policylens train --warm-start-threads` (0: one per core, at most 4), `sft_steps` None: the task's."""
     import torch
 
     from engine.config import TrainConfig
     from engine.tasks import get_task
     from engine.train import load_models
 
-    folder = logs_dir / ".cache" / f"trl-linear-{model_size}"
+    folder = logs_dir / ".cache" / (f"trl-linear-{model_size}" + ("" if sft_steps is None else f"-sft{sft_steps}"))
     if not (folder / "config.json").is_file():
-        cfg = TrainConfig(task="linear", model_size=model_size)
+        cfg = TrainConfig(task="linear", model_size=model_size, sft_steps=sft_steps)
         model, _, tokenizer, _ = load_models(cfg, get_task(cfg.task, seed=cfg.task_seed), torch.device("cpu"),
-                                             logs_dir / ".cache", sft_threads=0)
+                                             logs_dir / ".cache", sft_threads=sft_threads)
         model.save_pretrained(folder)
         tokenizer.save_pretrained(folder)
     return folder
