@@ -229,11 +229,22 @@ def test_log_groups_keeps_tokens_of_the_first_groups_only(tmp_path, warm_model_d
     assert counts.iloc[0].tolist() == [16, 4, 3, 1]
 
 
-def test_run_name_comes_from_the_output_folder_and_bad_arguments_are_refused(tmp_path, warm_model_dir):
+def test_run_name_comes_from_the_output_folder_and_bad_arguments_are_refused(grpo_run, tmp_path, warm_model_dir):
+    from engine.runlog import RunLogError
+    from engine.tasks import get_task
+
     assert run_name_from_folder(tmp_path / "my run: v2") == "my-run-v2"
     assert run_name_from_folder("/") == "imported-run"
     with pytest.raises(ValueError, match="log_groups"):
         PolicyLensGRPOTrainer(model=str(warm_model_dir), reward_funcs=[], log_groups=0)
+    logs_dir, run, *_ = grpo_run
+    before = frame(logs_dir, "SELECT count(*) AS n FROM tokens")["n"][0]
+    with pytest.raises(RunLogError, match="already exists"):  # before any training, and the run is untouched
+        PolicyLensGRPOTrainer(model=str(warm_model_dir), reward_funcs=[lambda completions, **_: [0.0]],
+                              args=GRPOConfig(str(tmp_path / "out"), use_cpu=True, report_to=[]),
+                              train_dataset=task_dataset(get_task("linear")),
+                              logs_dir=logs_dir, run_name=run)
+    assert frame(logs_dir, "SELECT count(*) AS n FROM tokens")["n"][0] == before
 
 
 # ---------------------------------------------------------------- importing TRL's completions files

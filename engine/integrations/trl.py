@@ -66,7 +66,7 @@ except ImportError as err:  # pragma: no cover - depends on the installed extras
 from engine.importers import run_name_from_folder
 from engine.objectives import CLIP_CAP, CLIP_HIGH, CLIP_LOW, CLIP_NONE, SAPO_SOFT_CAP_LEVEL, k3_kl
 from engine.rollout import TokenText
-from engine.runlog import RunWriter, validate_run_name
+from engine.runlog import RunLogError, RunWriter, validate_run_name
 
 __all__ = [
     "METRIC_COLUMNS",
@@ -245,6 +245,9 @@ class PolicyLensGRPOTrainer(GRPOTrainer):
         self.policylens_run_name = validate_run_name(
             run_name if run_name is not None else run_name_from_folder(self.args.output_dir),
             self.policylens_logs_dir)
+        if self.accelerator.is_main_process and (self.policylens_logs_dir / self.policylens_run_name).exists():
+            raise RunLogError(f"run {self.policylens_run_name!r} already exists in {self.policylens_logs_dir}; "
+                              "pass another run_name (an existing run is never overwritten)")
         self.policylens_log_groups = log_groups
         self.policylens_writer: RunWriter | None = None
         self.policylens_step = 0
