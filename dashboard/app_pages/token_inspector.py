@@ -57,10 +57,10 @@ st.markdown("**Prompt**")
 st.text(rollout.prompt)
 metrics = st.columns(7)
 metrics[0].metric("reward", f"{rollout.reward:.3g}")
-metrics[1].metric("correct", f"{rollout.reward_correct:.3g}")
+metrics[1].metric("correct", f"{rollout.reward_correct:.3g}" if queries.known(rollout.reward_correct) else "–")
 process = rollout.reward_process
 metrics[2].metric("process", "–" if process != process else f"{process:.3g}")  # NaN: no process reward
-metrics[3].metric("length reward", f"{rollout.reward_length:.3g}")
+metrics[3].metric("length reward", f"{rollout.reward_length:.3g}" if queries.known(rollout.reward_length) else "–")
 metrics[4].metric("advantage", f"{rollout.advantage:+.3g}")
 metrics[5].metric("length", int(rollout.length) if queries.known(rollout.length) else "–")
 flags = [name for name, on in (("truncated", rollout.truncated), ("filtered", rollout.filtered)) if queries.is_set(on)]
@@ -68,6 +68,8 @@ metrics[6].metric("flags", ", ".join(flags) or "–")
 if queries.is_set(rollout.filtered):
     st.caption(f"Filtered from the update: {common.md(rollout.filter_reason)}")
 st.caption(f"Reference answer: {common.md(rollout.answer)}")
+if queries.known(rollout.reward_components):  # one value per reward function (TRL, verl, imported runs)
+    st.caption(common.md(queries.reward_breakdown(rollout)))
 
 if tokens.empty:
     st.info("No tokens logged for this rollout. (A run imported from TRL or verl dumps has tokens only when "
