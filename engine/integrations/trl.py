@@ -221,7 +221,7 @@ def _to_numpy(x: torch.Tensor) -> np.ndarray:
 
 
 def _prompt_text(prompt: Any) -> str:
-    """A dataset prompt as text: plain strings as they are, conversations (lists of messages) as JSON."""
+    """A prompt or completion as text: plain strings as they are, conversations (lists of messages) as JSON."""
     return prompt if isinstance(prompt, str) else json.dumps(prompt, default=str, ensure_ascii=False)
 
 
@@ -253,6 +253,7 @@ class PolicyLensGRPOTrainer(GRPOTrainer):
         self.policylens_step = 0
         self._policylens_generation: _Generation | None = None
         self._policylens_rewards: torch.Tensor | None = None
+        self._policylens_texts: tuple[list, list] = ([], [])
         self._policylens_logs: list[dict[str, float]] = []
         self._policylens_token_text = TokenText(self.processing_class)
 
@@ -302,6 +303,7 @@ class PolicyLensGRPOTrainer(GRPOTrainer):
     def _calculate_rewards(self, inputs, prompts, completions, completion_ids_list):
         rewards = super()._calculate_rewards(inputs, prompts, completions, completion_ids_list)
         self._policylens_rewards = rewards.detach()  # (N_global, F): every process's rows, TRL's global order
+        self._policylens_texts = (prompts, completions)  # this process's, as TRL decoded them (no second decode)
         return rewards
 
     def _generate_and_score_completions(self, inputs):
@@ -315,10 +317,10 @@ class PolicyLensGRPOTrainer(GRPOTrainer):
             mask = mask * output["tool_mask"]
         n = ids.shape[0]
         output[ROW_KEY] = torch.arange(n, device=ids.device)
-        self._policylens_generation = self._policylens_rollouts(inputs, output, mask)
+        self._policylens_generation = self._policylens_rollouts(output, mask)
         return output
 
-    def _policylens_rollouts(self, inputs, output, mask) -> _Generation:
+    def _policylens_rollouts(self, output, mask) -> _Generation:
         ids = output["completion_ids"]
         n = ids.shape[0]
         rank = self.accelerator.process_index
@@ -337,9 +339,8 @@ class PolicyLensGRPOTrainer(GRPOTrainer):
         rows = {
             "rollout_id": global_rows, "group_id": global_rows // group_size,
             "index_in_group": global_rows % group_size, "kind": ["train"] * n,
-            "prompt": [_prompt_text(x["prompt"]) for x in inputs],
-            "completion": self.processing_class.batch_decode(
-                [ids_cpu[i, : int(lengths[i])] for i in range(n)], skip_special_tokens=True),
+            "prompt": [_prompt_text(p) for p in self._policylens_texts[0]],
+            "completion": [_prompt_text(c) for c in self._policylens_texts[1]],
             "reward": total.numpy().astype(np.float64),
             "reward_components": [
                 json.dumps({name: (None if math.isnan(v) else v) for name, v in zip(names, row, strict=True)})
