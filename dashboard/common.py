@@ -8,6 +8,8 @@ Page-specific parameters (rollout, channel, pass, group, ...) go through `url_va
 from __future__ import annotations
 
 import functools
+import json
+import numbers
 import os
 import re
 import sys
@@ -77,6 +79,28 @@ def plain(value) -> str:
 def number(value, spec: str = ".3g") -> str:
     """A logged number formatted with `spec`, or "–" when it was not logged (NULL/NaN)."""
     return "–" if is_missing(value) else format(value, spec)
+
+
+def reward_breakdown(rollout) -> str:
+    """"reward R = name v + name v ...": a rollout's total reward and its parts, as plain text (pass it through `md`).
+
+    The parts are the logged `reward_components` (a JSON object, one value per reward function, e.g. a TRL run's)
+    when present, else the engine's correct / process / length terms."""
+    def value(v) -> str:
+        return number(v) if is_missing(v) or (isinstance(v, numbers.Real) and not isinstance(v, bool)) else "unreadable"
+
+    components = getattr(rollout, "reward_components", None)
+    if isinstance(components, str):
+        try:
+            parsed = json.loads(components)
+        except ValueError:
+            parsed = None
+        parts = list(parsed.items()) if isinstance(parsed, dict) else [("components", "unreadable")]
+    else:
+        parts = [("correct", rollout.reward_correct), ("process", rollout.reward_process),
+                 ("length", rollout.reward_length)]
+        parts = [(name, v) for name, v in parts if name != "process" or not is_missing(v)]
+    return f"reward {value(rollout.reward)} = " + " + ".join(f"{name} {value(v)}" for name, v in parts)
 
 
 @functools.cache

@@ -93,7 +93,8 @@ def config_diff(table: pd.DataFrame) -> pd.DataFrame:
 
 
 ROLLOUT_COLUMNS = """rollout_id, group_id, index_in_group, kind, prompt_id, prompt, completion, answer, reward,
-    reward_correct, reward_process, reward_length, advantage, length, truncated, filtered, filter_reason"""
+    reward_correct, reward_process, reward_length, advantage, length, truncated, filtered, filter_reason,
+    reward_components"""
 
 
 @st.cache_data(ttl=STEP_TTL, show_spinner=False)

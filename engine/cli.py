@@ -578,6 +578,60 @@ def run_demo(args: argparse.Namespace) -> int:
             demo.stop_demo(logs_dir)
 
 
+# ---------------------------------------------------------------- import
+
+
+IMPORT_EXAMPLES = """examples:
+  policylens import trl runs/qwen-grpo --run-name qwen-grpo         (TRL output_dir, log_completions=True)
+  policylens import verl ckpt/rollouts --run-name verl-gsm8k --tokenizer ~/models/qwen --follow
+"""
+
+
+def add_import_command(subparsers) -> None:
+    parser = subparsers.add_parser(
+        "import", help="import the rollouts a TRL or verl run dumped into a run (again: only new steps)",
+        epilog=IMPORT_EXAMPLES, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("source", choices=["trl", "verl"], help="the trainer that wrote the folder")
+    parser.add_argument("folder", help="TRL: the output_dir (completions/ inside); verl: trainer.rollout_data_dir")
+    parser.add_argument("--run-name", help="the PolicyLens run to create or continue (default: the folder's name)")
+    parser.add_argument("--tokenizer", metavar="DIR", help="a local tokenizer folder: fills the tokens table")
+    parser.add_argument("--follow", action="store_true", help="keep importing new files until Ctrl-C")
+    parser.add_argument("--interval", type=float, default=5.0, help="seconds between looks with --follow")
+    _add_logs_dir(parser)
+    parser.set_defaults(func=run_import)
+
+
+def run_import(args: argparse.Namespace) -> int:
+    from engine.importers import follow, import_run, run_name_from_folder
+    from engine.runlog import RunLogError
+
+    folder = Path(args.folder)
+    if not folder.is_dir():
+        print(f"policylens import: {folder} is not a folder", file=sys.stderr)
+        return 2
+    run = args.run_name or run_name_from_folder(folder)
+
+    def show(report) -> None:
+        for problem in report.problems:
+            print(f"policylens import: {problem}", file=sys.stderr)
+        if report.imported or not args.follow:
+            print(f"policylens import: run {report.run}: {len(report.imported)} step(s) imported"
+                  + (f" ({report.imported[0]}..{report.imported[-1]})" if report.imported else "")
+                  + (f", {report.already_there} already there" if report.already_there else ""))
+
+    try:
+        if args.follow:
+            follow(args.source, folder, args.logs_dir, run, args.tokenizer, interval=args.interval, on_report=show)
+        else:
+            show(import_run(args.source, folder, args.logs_dir, run, args.tokenizer))
+    except RunLogError as err:
+        print(f"policylens import: {err}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        return 0
+    return 0
+
+
 # ----------------------------------------------------------------
 
 
@@ -593,6 +647,7 @@ def build_parser() -> argparse.ArgumentParser:
         add_report_command,
         add_dashboard_command,
         add_demo_command,
+        add_import_command,
     ):
         add_command(subparsers)
     return parser

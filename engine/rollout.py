@@ -193,6 +193,29 @@ def token_logprobs(model, input_ids: torch.Tensor, attention_mask: torch.Tensor,
 # ----------------------------------------------------------------------------- text <-> tokens
 
 
+def _byte_level_alphabet() -> dict[str, int]:
+    """Character -> byte of byte-level BPE vocabularies (GPT-2 and its descendants): printable Latin-1 bytes stand
+    for themselves, the other bytes for the characters from U+0100 on, in byte order."""
+    printable = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1), *range(ord("®"), ord("ÿ") + 1)]
+    table = {chr(b): b for b in printable}
+    shifted = 0
+    for b in range(256):
+        if b not in printable:
+            table[chr(256 + shifted)] = b
+            shifted += 1
+    return table
+
+
+_BYTE_LEVEL = _byte_level_alphabet()
+
+
+def byte_level_bytes(token: str | None) -> bytes | None:
+    """The raw bytes of a byte-level BPE token string (e.g. 'Ã©' -> b'\\xc3\\xa9'), None if it is not one."""
+    if not token or any(c not in _BYTE_LEVEL for c in token):
+        return None
+    return bytes(_BYTE_LEVEL[c] for c in token)
+
+
 class TokenText:
     """Decodes single tokens (cached) and maps character offsets of a completion to token indices."""
 
@@ -201,9 +224,15 @@ class TokenText:
         self.cache: dict[int, str] = {}
 
     def token(self, token_id: int) -> str:
+        """The token's text as decoded; a byte-level token holding part of a UTF-8 character (which decodes to
+        U+FFFD alone) is shown as its bytes instead, the complete characters as text and the rest as \\xNN."""
         text = self.cache.get(token_id)
         if text is None:
             text = self.tokenizer.decode([token_id], skip_special_tokens=False)
+            if "\ufffd" in text:
+                raw = byte_level_bytes(self.tokenizer.convert_ids_to_tokens(token_id))
+                if raw is not None:
+                    text = raw.decode("utf-8", errors="backslashreplace")
             self.cache[token_id] = text
         return text
 

@@ -79,10 +79,8 @@ for group in shown.iloc[(page - 1) * GROUPS_PER_PAGE: page * GROUPS_PER_PAGE].it
                 flags = [f for f, on in (("✂ truncated", r.truncated), ("⊘ filtered", r.filtered)) if common.flag(on)]
                 column.markdown(f"**#{common.md(r.index_in_group)}** · A **{common.number(r.advantage, '+.3f')}** · "
                                 f"{common.number(r.length, '.0f')} tok" + (" · " + " ".join(flags) if flags else ""))
-                column.caption(f"reward {common.number(r.reward)} = correct {common.number(r.reward_correct)}"
-                               + (f" + process {common.number(r.reward_process)}" if pd.notna(r.reward_process)
-                                  else "")
-                               + f" + length {common.number(r.reward_length)}")
+                # reward function names come from the trainer's code: shown as literal text
+                column.caption(common.md(common.reward_breakdown(r)))
                 # st.code escapes its text and keeps whitespace and newlines as they are.
                 column.code(common.plain(r.completion), language=None, wrap_lines=True)
                 if pd.notna(r.rollout_id):  # without its id a completion's tokens cannot be found

@@ -84,9 +84,12 @@ metrics[6].metric("flags", ", ".join(flags) or "–")
 if common.flag(rollout.filtered):
     st.caption(f"Filtered from the update: {common.md(rollout.filter_reason)}")
 st.caption(f"Reference answer: {common.md(rollout.answer)}")
+if not common.is_missing(rollout.reward_components):  # one value per reward function (TRL, verl, imported runs)
+    st.caption(common.md(common.reward_breakdown(rollout)))
 
 if tokens.empty:
-    st.info("No tokens logged for this rollout.")
+    st.info("No tokens logged for this rollout. (A run imported from TRL or verl dumps has tokens only when "
+            "imported with --tokenizer, and never log-probs: those dumps hold text and rewards only.)")
     st.stop()
 if common.plain(rollout.kind) == "eval":
     st.caption("Eval rollouts are not trained on: only sampling-time channels (log-probs, entropy) exist.")

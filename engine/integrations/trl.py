@@ -1,0 +1,498 @@
+"""TRL's GRPOTrainer, logged token by token into a PolicyLens run (`pip install 'policylens[trl]'`).
+
+    from engine.integrations.trl import PolicyLensGRPOTrainer
+
+    trainer = PolicyLensGRPOTrainer(model=model, reward_funcs=[accuracy, fmt], args=GRPOConfig(...),
+                                    train_dataset=dataset, processing_class=tokenizer,
+                                    logs_dir="logs", run_name="my-trl-run", log_groups=8)
+    trainer.train()          # then: policylens dashboard --logs-dir logs
+
+One PolicyLens step is one TRL generation batch (`steps_per_generation` mini-batches, `num_iterations` passes over
+them). What lands in the run log, in the engine's schema (engine/runlog.py):
+
+- `rollouts`: every completion of the step (prompt, completion, group, `reward` = TRL's weighted total,
+  `reward_components` = each reward function's own value, advantage, length, truncated, `rank`);
+- `tokens`: token id and text, old_logp (TRL's, or the first training forward's when TRL reuses it as the old
+  policy), ref_logp (when beta != 0), entropy (from the first training forward over the token), advantage;
+- `token_passes`: one row per token per `_compute_loss` call (a mini-batch of one pass, `pass` counts them within
+  the step): new_logp, ratio (the ratio TRL's loss used: the sequence ratio on every token at
+  `importance_sampling_level="sequence"`), clip code by TRL's own rule (`clip_codes`), grad_weight, token_loss
+  (`token_losses`, the loss types whose formula is written out there) and k3 KL;
+- `steps` (rank 0): TRL's logged metrics of the optimizer steps of this generation, averaged, mapped onto the
+  contract columns (`METRIC_COLUMNS`); every other metric in `extra` (with `logging_steps=1`, as in the examples,
+  the row covers exactly its generation's optimizer steps; with more, whatever TRL logged during it);
+- `run.json`: the GRPOConfig as config, the algorithm named from loss_type / importance_sampling_level
+  (`algorithm_name`).
+
+grad_weight is exact: a tensor hook on the log-probs of TRL's training forward receives d(loss)/d(logp) during
+TRL's own backward, and -1 times it is logged. It is the gradient of the loss TRL backpropagates, so with
+`gradient_accumulation_steps > 1` it includes TRL's 1/accumulation scaling, and under several processes it is
+this process's share before the gradient all-reduce. It also includes TRL's KL gradient as configured: with
+TRL's default `use_bias_correction_kl=True` the KL term is multiplied by the ratio (DeepSeek-V3.2), which the
+engine's objectives do not do; `kl` is the plain k3 value either way.
+
+`log_groups=K` keeps the tokens and token passes of only the first K groups of each step (the rollouts and the
+`steps` aggregates always cover the whole batch): a real run with thousands of long completions stays cheap.
+
+Several processes (`accelerate launch --multi_gpu --num_processes N`, also on CPU): each process writes the
+rollouts it sampled into the same run with its rank (`rollouts.rank`); rollout ids are global row numbers of the
+generation batch (unique across ranks), groups are TRL's (consecutive `num_generations` rows of that order, which
+may span ranks). Rank 0 writes run.json and the `steps` row, whose TRL metrics are already global.
+
+How the hooks work (trl 1.16): `_generate_and_score_completions` is wrapped to read its output and to add a row
+index tensor, which TRL's shuffle and split carry into every mini-batch; `_compute_loss` is wrapped, and for the
+duration of one call `_get_per_token_logps_and_entropies` is replaced by a wrapper that keeps its log-probs and
+entropies and registers the gradient hook. Callbacks never see per-token tensors, hence a subclass.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+try:
+    from trl import GRPOTrainer
+except ImportError as err:  # pragma: no cover - depends on the installed extras
+    raise ImportError(
+        "engine.integrations.trl needs TRL: install the extra with  pip install 'policylens[trl]'"
+    ) from err
+
+from engine.importers import run_name_from_folder
+from engine.objectives import CLIP_CAP, CLIP_HIGH, CLIP_LOW, CLIP_NONE, SAPO_SOFT_CAP_LEVEL, k3_kl
+from engine.rollout import TokenText
+from engine.runlog import RunLogError, RunWriter, validate_run_name
+
+__all__ = [
+    "METRIC_COLUMNS",
+    "ROW_KEY",
+    "PolicyLensGRPOTrainer",
+    "algorithm_name",
+    "clip_codes",
+    "token_losses",
+]
+
+ROW_KEY = "policylens_row"
+"""Key of the (B,) row-index tensor added to TRL's generation batch; it survives TRL's shuffle and split."""
+
+METRIC_COLUMNS = {
+    "reward": "reward_mean",
+    "reward_std": "reward_std",
+    "entropy": "entropy",
+    "kl": "kl",
+    "clip_ratio/low_mean": "clip_low_frac",
+    "clip_ratio/high_mean": "clip_high_frac",
+    "cispo_clip_ratio": "clip_dual_frac",
+    "completions/mean_length": "response_len_mean",
+    "completions/max_length": "response_len_max",
+    "completions/clipped_ratio": "truncated_frac",
+    "loss": "loss",
+    "grad_norm": "grad_norm",
+    "learning_rate": "lr",
+}
+"""TRL metric name -> `steps` column. Every other numeric metric goes into `extra` under its TRL name."""
+
+_PPO_CLIP_LOSSES = ("grpo", "bnpo", "dr_grpo", "dapo", "luspo")
+
+
+# ---------------------------------------------------------------- pure functions
+
+
+def algorithm_name(loss_type: str, importance_sampling_level: str = "token") -> str:
+    """The PolicyLens name of a TRL loss: grpo, dapo, dr_grpo, gspo, cispo, sapo, or TRL's own name otherwise.
+
+    TRL's `grpo` loss at the sequence level is GSPO (arXiv 2507.18071); `bnpo` averages over the tokens of the
+    local batch like DAPO's token-mean, so it is named dapo; luspo and vespo keep their names (no PolicyLens
+    equivalent). Other losses at the sequence level get a `-sequence` suffix.
+    """
+    if importance_sampling_level == "sequence":
+        return "gspo" if loss_type == "grpo" else loss_type if loss_type == "luspo" else f"{loss_type}-sequence"
+    return {"bnpo": "dapo"}.get(loss_type, loss_type)
+
+
+def clip_codes(
+    loss_type: str,
+    coef_1: torch.Tensor,
+    advantages: torch.Tensor,
+    eps_low: float,
+    eps_high: float,
+    sapo_temperatures: tuple[float, float] = (1.0, 1.05),
+) -> torch.Tensor:
+    """Clip code (engine.objectives) per token by TRL's own rule for `loss_type`; (B, T) or (B, 1) int8.
+
+    coef_1: (B, T) token ratios or (B, 1) sequence ratios (importance_sampling_level="sequence"), advantages
+    (B, 1) or (B, T). The PPO-clip losses flag exactly what TRL counts in clip_ratio/low_mean and high_mean:
+    1 when r < 1 - eps_low and A < 0, 2 when r > 1 + eps_high and A > 0. CISPO: 3 (capped, gradient kept) when
+    r > epsilon_high and A > 0, TRL's cispo_clip_ratio. SAPO (no hard clip, nothing logged by TRL): 3 where the
+    gate has cut the gradient below SAPO_SOFT_CAP_LEVEL of r * A, the engine's rule. Other losses: 0.
+    """
+    r, adv = coef_1.detach(), advantages.detach()
+    codes = torch.full(torch.broadcast_shapes(r.shape, adv.shape), CLIP_NONE, dtype=torch.int8, device=r.device)
+    if loss_type in _PPO_CLIP_LOSSES:
+        codes[((r < 1 - eps_low) & (adv < 0)).expand_as(codes)] = CLIP_LOW
+        codes[((r > 1 + eps_high) & (adv > 0)).expand_as(codes)] = CLIP_HIGH
+    elif loss_type == "cispo":
+        codes[((r > eps_high) & (adv > 0)).expand_as(codes)] = CLIP_CAP
+    elif loss_type == "sapo":
+        tau_pos, tau_neg = sapo_temperatures
+        tau = torch.where(adv > 0, torch.full_like(adv, tau_pos), torch.full_like(adv, tau_neg))
+        gate = torch.sigmoid(tau * (r - 1))
+        codes[((4 * gate * (1 - gate) < SAPO_SOFT_CAP_LEVEL) & (adv != 0)).expand_as(codes)] = CLIP_CAP
+    return codes
+
+
+def token_losses(
+    loss_type: str,
+    coef_1: torch.Tensor,
+    advantages: torch.Tensor,
+    eps_low: float,
+    eps_high: float,
+    kl_term: torch.Tensor | None = None,
+    beta: float = 0.0,
+    sapo_temperatures: tuple[float, float] = (1.0, 1.05),
+) -> torch.Tensor | None:
+    """Per-token loss value of TRL's formula (before aggregation), or None where it has no per-token value.
+
+    PPO-clip losses: -min(r A, clip(r, 1 - eps_low, 1 + eps_high) A); CISPO: -min(r, epsilon_high) A (the value
+    of TRL's -sg(clip(r)) A log pi up to the log pi factor, as in engine.objectives); SAPO: -A 4 sigmoid(tau (r -
+    1)) / tau; plus beta * kl_term (the k3 KL, times the ratio under TRL's use_bias_correction_kl). vespo has no
+    value without its gamma weights: None. (B, T) or (B, 1), detached.
+    """
+    r, adv = coef_1.detach(), advantages.detach()
+    if loss_type in _PPO_CLIP_LOSSES:
+        loss = -torch.minimum(r * adv, r.clamp(1 - eps_low, 1 + eps_high) * adv)
+    elif loss_type == "cispo":
+        loss = -r.clamp(max=eps_high) * adv
+    elif loss_type == "sapo":
+        tau_pos, tau_neg = sapo_temperatures
+        tau = torch.where(adv > 0, torch.full_like(adv, tau_pos), torch.full_like(adv, tau_neg))
+        loss = -adv * torch.sigmoid(tau * (r - 1)) * 4 / tau
+    else:
+        return None
+    return loss if kl_term is None or not beta else loss + beta * kl_term.detach()
+
+
+# ---------------------------------------------------------------- the buffers of one step
+
+
+@dataclass
+class _Generation:
+    """What one generation batch produced on this process (local rows, in TRL's order before the shuffle)."""
+
+    first_row: int  # global row number of local row 0
+    num_generations: int
+    rows: dict[str, Any]  # the rollouts columns
+    completion_ids: torch.Tensor  # (B, T)
+    mask: torch.Tensor  # (B, T) the loss mask
+    old_logp: torch.Tensor | None  # (B, T) TRL's old_per_token_logps, None when TRL reuses the training forward's
+    ref_logp: torch.Tensor | None  # (B, T)
+    advantages: torch.Tensor  # (B,) or (B, T)
+    keep: np.ndarray  # (B,) bool: rows whose tokens are logged (log_groups)
+    passes: list[_Pass] = field(default_factory=list)
+
+
+@dataclass
+class _Pass:
+    """One `_compute_loss` call: the mini-batch's rows and what TRL's loss saw. `grad` arrives in the backward."""
+
+    rows: torch.Tensor  # (b,) local row indices
+    mask: torch.Tensor  # (b, T)
+    new_logp: torch.Tensor  # (b, T)
+    old_logp: torch.Tensor  # (b, T) the old log-probs TRL's ratio used
+    entropy: torch.Tensor | None  # (b, T)
+    ratio: torch.Tensor  # (b, T)
+    clip: torch.Tensor  # (b, T) int8
+    token_loss: torch.Tensor | None  # (b, T)
+    kl: torch.Tensor | None  # (b, T)
+    hooked: dict  # the tensor hook puts dLoss/dlogp (b, T) under "grad" during TRL's backward, after the call
+
+    def grad(self) -> torch.Tensor | None:
+        g = self.hooked.get("grad")
+        return None if g is None else g.cpu()
+
+
+def _to_numpy(x: torch.Tensor) -> np.ndarray:
+    return x.detach().float().cpu().numpy().astype(np.float64)
+
+
+def _prompt_text(prompt: Any) -> str:
+    """A prompt or completion as text: plain strings as they are, conversations (lists of messages) as JSON."""
+    return prompt if isinstance(prompt, str) else json.dumps(prompt, default=str, ensure_ascii=False)
+
+
+# ---------------------------------------------------------------- the trainer
+
+
+class PolicyLensGRPOTrainer(GRPOTrainer):
+    """TRL's GRPOTrainer that also writes a PolicyLens run (see the module docstring).
+
+    Arguments: those of `trl.GRPOTrainer`, plus `logs_dir` (the PolicyLens logs folder), `run_name` (default:
+    from `args.output_dir`) and `log_groups` (keep tokens of only the first N groups of each step; None: all).
+    """
+
+    def __init__(self, *args: Any, logs_dir: str | Path = "logs", run_name: str | None = None,
+                 log_groups: int | None = None, **kwargs: Any):
+        if log_groups is not None and (not isinstance(log_groups, int) or isinstance(log_groups, bool)
+                                       or log_groups < 1):
+            raise ValueError(f"log_groups = {log_groups!r} is invalid; accepted: None (every group) or an int >= 1")
+        super().__init__(*args, **kwargs)
+        self.policylens_logs_dir = Path(logs_dir)
+        self.policylens_run_name = validate_run_name(
+            run_name if run_name is not None else run_name_from_folder(self.args.output_dir),
+            self.policylens_logs_dir)
+        if self.accelerator.is_main_process and (self.policylens_logs_dir / self.policylens_run_name).exists():
+            raise RunLogError(f"run {self.policylens_run_name!r} already exists in {self.policylens_logs_dir}; "
+                              "pass another run_name (an existing run is never overwritten)")
+        self.policylens_log_groups = log_groups
+        self.policylens_writer: RunWriter | None = None
+        self.policylens_step = 0
+        self._policylens_generation: _Generation | None = None
+        self._policylens_rewards: torch.Tensor | None = None
+        self._policylens_texts: tuple[list, list] = ([], [])
+        self._policylens_logs: list[dict[str, float]] = []
+        self._policylens_token_text = TokenText(self.processing_class)
+
+    # ---- opening and closing the run
+
+    @property
+    def policylens_algorithm(self) -> str:
+        return algorithm_name(self.loss_type, self.importance_sampling_level)
+
+    def _policylens_open(self) -> RunWriter:
+        if self.policylens_writer is None:
+            rank = self.accelerator.process_index
+            config = self.args.to_dict()
+            config["policylens"] = {
+                "source": "trl", "trl_loss_type": self.loss_type,
+                "importance_sampling_level": self.importance_sampling_level,
+                "reward_funcs": list(self.reward_func_names), "reward_weights": self.reward_weights.tolist(),
+                "world_size": self.accelerator.num_processes, "log_groups": self.policylens_log_groups,
+            }
+            model = self.accelerator.unwrap_model(self.model)
+            description = f"{type(model).__name__} {getattr(model, 'name_or_path', '')}".strip()
+            self.policylens_writer = RunWriter.create(
+                self.policylens_logs_dir, self.policylens_run_name, algorithm=self.policylens_algorithm,
+                task="", config=config, model=description, rank=rank)  # TRL knows datasets, not tasks
+        return self.policylens_writer
+
+    def train(self, *args: Any, **kwargs: Any):
+        status = "crashed"
+        try:
+            result = super().train(*args, **kwargs)
+            status = "finished"
+            return result
+        except KeyboardInterrupt:
+            status = "stopped"
+            raise
+        finally:
+            if self.policylens_writer is not None:
+                try:
+                    if status == "finished":
+                        self._policylens_flush()
+                finally:
+                    self.policylens_writer.close(status=status)
+                    self.policylens_writer = None
+
+    # ---- generation: rollouts and tokens
+
+    def _calculate_rewards(self, inputs, prompts, completions, completion_ids_list):
+        rewards = super()._calculate_rewards(inputs, prompts, completions, completion_ids_list)
+        self._policylens_rewards = rewards.detach()  # (N_global, F): every process's rows, TRL's global order
+        self._policylens_texts = (prompts, completions)  # this process's, as TRL decoded them (no second decode)
+        return rewards
+
+    def _generate_and_score_completions(self, inputs):
+        if not self.model.training:
+            return super()._generate_and_score_completions(inputs)
+        self._policylens_flush()  # the previous generation's passes are all done
+        self._policylens_open()
+        output = super()._generate_and_score_completions(inputs)
+        ids, mask = output["completion_ids"], output["completion_mask"]
+        if "tool_mask" in output:
+            mask = mask * output["tool_mask"]
+        n = ids.shape[0]
+        output[ROW_KEY] = torch.arange(n, device=ids.device)
+        self._policylens_generation = self._policylens_rollouts(output, mask)
+        return output
+
+    def _policylens_rollouts(self, output, mask) -> _Generation:
+        ids = output["completion_ids"]
+        n = ids.shape[0]
+        rank = self.accelerator.process_index
+        first = rank * n
+        group_size = self.num_generations
+        global_rows = np.arange(first, first + n)
+        rewards = self._policylens_rewards[first:first + n].float().cpu()  # (n, F)
+        total = (rewards * self.reward_weights.unsqueeze(0)).nansum(dim=1)
+        total[torch.isnan(rewards).all(dim=1)] = float("nan")  # unscorable, as TRL logs it
+        lengths = output["completion_mask"].sum(-1).cpu()
+        eos = set(self.eos_token_ids)
+        ids_cpu = ids.cpu()
+        truncated = [int(lengths[i]) == 0 or int(ids_cpu[i, int(lengths[i]) - 1]) not in eos for i in range(n)]
+        adv = output["advantages"].detach().float().cpu()
+        names = list(self.reward_func_names)
+        rows = {
+            "rollout_id": global_rows, "group_id": global_rows // group_size,
+            "index_in_group": global_rows % group_size, "kind": ["train"] * n,
+            "prompt": [_prompt_text(p) for p in self._policylens_texts[0]],
+            "completion": [_prompt_text(c) for c in self._policylens_texts[1]],
+            "reward": total.numpy().astype(np.float64),
+            "reward_components": [
+                json.dumps({name: (None if math.isnan(v) else v) for name, v in zip(names, row, strict=True)})
+                for row in rewards.tolist()],
+            "advantage": (adv if adv.dim() == 1 else adv.mean(-1)).numpy().astype(np.float64),
+            "length": lengths.numpy().astype(np.int64), "truncated": truncated, "rank": [rank] * n,
+        }
+        keep = np.ones(n, dtype=bool)
+        if self.policylens_log_groups is not None:
+            keep = rows["group_id"] < self.policylens_log_groups
+        return _Generation(
+            first_row=first, num_generations=group_size, rows=rows, completion_ids=ids_cpu,
+            mask=mask.detach().cpu(), old_logp=output.get("old_per_token_logps"),
+            ref_logp=output.get("ref_per_token_logps"), advantages=output["advantages"].detach(), keep=keep)
+
+    # ---- optimisation: token passes
+
+    def _compute_loss(self, model, inputs):
+        gen = self._policylens_generation
+        if not self.model.training or gen is None or ROW_KEY not in inputs:
+            return super()._compute_loss(model, inputs)
+        seen: dict[str, torch.Tensor | None] = {}
+        original = self._get_per_token_logps_and_entropies
+
+        def forward_with_hook(*args, **kwargs):
+            logps, entropies, aux = original(*args, **kwargs)
+            if "logp" not in seen:  # the training forward is the first (and only) call inside _compute_loss
+                seen["logp"], seen["entropy"] = logps, entropies
+                if logps.requires_grad:
+                    record_grad = seen.__setitem__
+                    logps.register_hook(lambda grad: record_grad("grad", grad.detach()))
+            return logps, entropies, aux
+
+        self._get_per_token_logps_and_entropies = forward_with_hook  # an instance attribute shadows the method
+        try:
+            loss = super()._compute_loss(model, inputs)
+        finally:
+            del self._get_per_token_logps_and_entropies
+        if "logp" in seen:
+            gen.passes.append(self._policylens_pass(inputs, seen))
+            del seen["logp"], seen["entropy"]  # keep only what the hook will add, not the forward's graph
+        return loss
+
+    def _policylens_pass(self, inputs, seen: dict) -> _Pass:
+        new = seen["logp"].detach()
+        mask = inputs["completion_mask"]
+        if "tool_mask" in inputs:
+            mask = mask * inputs["tool_mask"]
+        old = inputs.get("old_per_token_logps")
+        old = new if old is None else old.detach()
+        adv = inputs["advantages"].detach()
+        adv = adv.unsqueeze(1) if adv.dim() == 1 else adv
+        log_ratio = new - old
+        if self.importance_sampling_level == "sequence":
+            log_ratio = ((log_ratio * mask).sum(-1) / mask.sum(-1).clamp(min=1.0)).unsqueeze(-1)  # (b, 1)
+        coef_1 = torch.exp(log_ratio)
+        taus = (self.args.sapo_temperature_pos, self.args.sapo_temperature_neg)
+        kl = None
+        if self.beta != 0.0 and inputs.get("ref_per_token_logps") is not None:
+            kl = k3_kl(new, inputs["ref_per_token_logps"].detach())
+        # TRL's default use_bias_correction_kl multiplies the KL term by the ratio (DeepSeek-V3.2's unbiased KL)
+        kl_term = kl * coef_1 if kl is not None and self.args.use_bias_correction_kl else kl
+        loss = token_losses(self.loss_type, coef_1, adv, self.epsilon_low, self.epsilon_high, kl_term, self.beta,
+                            taus)
+        shape = new.shape
+        record = _Pass(
+            rows=inputs[ROW_KEY].detach().cpu(), mask=mask.detach().cpu(), new_logp=new.cpu(), old_logp=old.cpu(),
+            entropy=None if seen["entropy"] is None else seen["entropy"].detach().cpu(),
+            ratio=coef_1.expand(shape).cpu(),
+            clip=clip_codes(self.loss_type, coef_1, adv, self.epsilon_low, self.epsilon_high, taus).expand(shape).cpu(),
+            token_loss=None if loss is None else loss.expand(shape).cpu(), kl=None if kl is None else kl.cpu(),
+            hooked=seen)
+        return record
+
+    # ---- metrics
+
+    def log(self, logs: dict[str, float], start_time: float | None = None) -> None:
+        super().log(logs, start_time)  # fills `logs` with TRL's averaged metrics first
+        if self.model.training and "train_runtime" not in logs and self.accelerator.is_main_process:
+            self._policylens_logs.append({k: v for k, v in logs.items() if isinstance(v, (int, float))})
+
+    # ---- writing one step
+
+    def _policylens_flush(self) -> None:
+        gen, self._policylens_generation = self._policylens_generation, None
+        if gen is None or self.policylens_writer is None:
+            return
+        self.policylens_step += 1
+        metrics = None
+        if self.accelerator.is_main_process:
+            metrics = self._policylens_metrics()
+        tokens, passes = self._policylens_token_tables(gen)
+        self.policylens_writer.log_step(self.policylens_step, metrics=metrics, rollouts=gen.rows, tokens=tokens,
+                                        token_passes=passes)
+
+    def _policylens_metrics(self) -> dict[str, Any]:
+        logs, self._policylens_logs = self._policylens_logs, []
+        keys = {k for entry in logs for k in entry}
+        metrics: dict[str, Any] = {"trl_global_step": int(self.state.global_step)}
+        for key in sorted(keys):
+            values = [float(e[key]) for e in logs if key in e and e[key] is not None and not math.isnan(e[key])]
+            if values:
+                metrics[METRIC_COLUMNS.get(key, key)] = sum(values) / len(values)
+        return metrics
+
+    def _policylens_token_tables(self, gen: _Generation) -> tuple[dict | None, dict | None]:
+        keep = torch.from_numpy(gen.keep)
+        mask = (gen.mask > 0) & keep[:, None]  # (B, T) logged tokens
+        if not bool(mask.any()):
+            return None, None
+        B, T = mask.shape
+        # old_logp / entropy per token: TRL's old log-probs, else the first training forward over the row
+        old = gen.old_logp.detach().float().cpu() if gen.old_logp is not None else torch.full((B, T), math.nan)
+        entropy = torch.full((B, T), math.nan)
+        filled = torch.zeros(B, dtype=torch.bool)
+        pass_cols: dict[str, list] = {k: [] for k in (
+            "pass", "rollout_id", "position", "new_logp", "ratio", "clip", "grad_weight", "token_loss", "kl")}
+        for p, rec in enumerate(gen.passes):
+            rows = rec.rows
+            first_time = ~filled[rows]
+            if gen.old_logp is None:
+                old[rows[first_time]] = rec.old_logp[first_time].float()
+            if rec.entropy is not None:
+                entropy[rows[first_time]] = rec.entropy[first_time].float()
+            filled[rows] = True
+            sel = mask[rows] & (rec.mask > 0)  # (b, T)
+            r_idx, pos = sel.nonzero(as_tuple=True)
+            n = len(r_idx)
+            grad = rec.grad()
+            pass_cols["pass"].append(np.full(n, p, dtype=np.int64))
+            pass_cols["rollout_id"].append(rows[r_idx].numpy().astype(np.int64) + gen.first_row)
+            pass_cols["position"].append(pos.numpy().astype(np.int64))
+            pass_cols["new_logp"].append(_to_numpy(rec.new_logp[sel]))
+            pass_cols["ratio"].append(_to_numpy(rec.ratio[sel]))
+            pass_cols["clip"].append(rec.clip[sel].numpy().astype(np.int8))
+            pass_cols["grad_weight"].append(_to_numpy(-grad[sel]) if grad is not None else np.full(n, math.nan))
+            pass_cols["token_loss"].append(_to_numpy(rec.token_loss[sel]) if rec.token_loss is not None
+                                           else np.full(n, math.nan))
+            pass_cols["kl"].append(_to_numpy(rec.kl[sel]) if rec.kl is not None else np.full(n, math.nan))
+        r_idx, pos = mask.nonzero(as_tuple=True)
+        token_ids = gen.completion_ids[r_idx, pos]
+        adv = gen.advantages.detach().float().cpu()
+        adv = adv[:, None].expand(B, T) if adv.dim() == 1 else adv
+        ref = gen.ref_logp.detach().float().cpu() if gen.ref_logp is not None else None
+        tokens = {
+            "rollout_id": r_idx.numpy().astype(np.int64) + gen.first_row, "position": pos.numpy().astype(np.int64),
+            "token_id": token_ids.numpy().astype(np.int64),
+            "token_text": [self._policylens_token_text.token(int(t)) for t in token_ids.tolist()],
+            "old_logp": _to_numpy(old[mask]), "ref_logp": _to_numpy(ref[mask]) if ref is not None else None,
+            "entropy": _to_numpy(entropy[mask]), "advantage": _to_numpy(adv[mask]),
+        }
+        if tokens["ref_logp"] is None:
+            del tokens["ref_logp"]
+        passes = {k: np.concatenate(v) for k, v in pass_cols.items()} if gen.passes else None
+        return tokens, passes
