@@ -22,6 +22,7 @@ import pytest
 import torch
 from streamlit.testing.v1 import AppTest
 from synthetic_runs import AUTOLINK_OR_SHORTCODE, HOSTILE_TEXTS, write_hostile_run
+from test_readme import readme_logging_example
 
 from dashboard.common import WORD_JOINER
 from engine.objectives import ALGORITHMS, CLIP_HIGH, CLIP_LOW, OBJECTIVES, policy_loss
@@ -424,11 +425,6 @@ def test_logged_text_is_shown_as_text_on_every_page(hostile_logs, monkeypatch):
             assert f"Reference answer: {hostile}" in text and f"Filtered from the update: {hostile}" in text
         if page == "replay":
             assert f"Solve {hostile}" in text
-
-
-def readme_logging_example() -> str:
-    (example,) = re.findall(r"```python\n(.*?)```", (Path(APP).parents[1] / "README.md").read_text(), flags=re.S)
-    return example
 
 
 @pytest.fixture(scope="module")

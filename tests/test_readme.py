@@ -18,6 +18,12 @@ def fenced_blocks(language: str) -> list[str]:
     return re.findall(rf"```{language}\n(.*?)```", README, flags=re.S)
 
 
+def readme_logging_example() -> str:
+    """The README's example of logging from your own training loop."""
+    (example,) = [block for block in fenced_blocks("python") if "RunWriter.create" in block]
+    return example
+
+
 def readme_commands() -> list[list[str]]:
     """Every `policylens ...` line of the README's shell blocks, as argv (without the program and the comment)."""
     commands = []
@@ -75,7 +81,7 @@ def test_readme_sql_examples_run(tiny_run):
 
 
 def test_readme_python_example_runs(tmp_path, monkeypatch, capsys):
-    (example,) = [block for block in fenced_blocks("python") if "RunWriter.create" in block]
+    example = readme_logging_example()
     monkeypatch.chdir(tmp_path)
     exec(compile(example, "README.md", "exec"), {})
     printed = capsys.readouterr().out
