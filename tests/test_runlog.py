@@ -13,8 +13,10 @@ from pathlib import Path
 import duckdb
 import numpy as np
 import pandas as pd
+import pyarrow.parquet as pq
 import pytest
 
+from engine import runlog
 from engine.runlog import (
     SCHEMA_VERSION,
     TABLE_SCHEMAS,
@@ -531,3 +533,60 @@ def test_resume_deletes_folders_a_chunk_replaced_before_a_crash(tmp_path):
     RunWriter.resume(tmp_path, "a").close()
     assert sorted(p.name[:14] for p in data.iterdir()) == ["chunk-00000000", "chunk-00000000", "step-000000004"]
     assert token_counts(RunReader(tmp_path), "a") == {s: 12 for s in range(5)}
+
+
+def _files_of(run_dir: Path) -> dict[str, tuple]:
+    """Every Parquet file of a run by folder (session part of step-folder names dropped): rows per row group,
+    column encodings, contents."""
+    out = {}
+    for path in sorted(data_dir_of(run_dir).glob("*/*.parquet")):
+        meta = pq.ParquetFile(path).metadata
+        groups = [meta.row_group(i) for i in range(meta.num_row_groups)]
+        encodings = [tuple(sorted(g.column(j).encodings)) for g in groups for j in range(g.num_columns)]
+        folder = path.parent.name.split(".s")[0]
+        out[f"{folder}/{path.name}"] = ([g.num_rows for g in groups], encodings, pq.read_table(path).to_pylist())
+    return out
+
+
+def test_log_many_writes_the_files_log_step_and_compaction_write(tmp_path, monkeypatch):
+    monkeypatch.setattr(runlog, "_ROW_GROUP_ROWS", 5)  # row groups that straddle steps and chunks
+
+    def step_data(step: int) -> dict:
+        data = make_step(step, rollouts=2 + step % 3, prm=step % 4 == 0)
+        data["metrics"].update(wall_time=2.0 * step, step_seconds=2.0)
+        return data
+
+    one_by_one = RunWriter.create(tmp_path / "a", "run", compact_every=2)
+    for step in range(23):
+        one_by_one.log_step(step, **step_data(step))
+    one_by_one.close()
+    bulk = RunWriter.create(tmp_path / "b", "run", compact_every=2)
+    for step in range(5):  # a bulk import on top of steps logged one by one (some absorbed into its chunks)
+        bulk.log_step(step, **step_data(step))
+    bulk.flush()
+    bulk.log_many(range(5, 23), step_data)
+    bulk.close()
+
+    expected, got = _files_of(tmp_path / "a" / "run"), _files_of(tmp_path / "b" / "run")
+    assert sorted(got) == sorted(expected)
+    assert any(name.startswith("chunk-000000000-000000015-") for name in got)
+    for name, (rows, encodings, content) in expected.items():
+        assert got[name] == (rows, encodings, content), name
+        assert all(n == 5 for n in rows[:-1]) and 0 < rows[-1] <= 5, (name, rows)
+    assert list_runs(tmp_path / "b")[0]["last_step"] == 22
+    with pytest.raises(RunLogError, match="strictly increasing"):
+        RunWriter.resume(tmp_path / "b", "run").log_many([22], step_data)
+
+
+def test_float_and_integer_columns_round_trip_exactly(tmp_path):
+    """The compact encodings (byte-stream-split floats, delta integers) change bytes on disk, not values."""
+    rng = np.random.default_rng(3)
+    values = np.concatenate([-rng.gamma(1.0, 0.6, 996), [0.0, -0.0, np.finfo(float).tiny, -1e300, 5e-324, np.nan]])
+    ids = np.concatenate([rng.integers(-2**62, 2**62, 1000), [0, -1]])
+    with RunWriter.create(tmp_path, "exact", background=False) as w:
+        w.log_step(0, tokens={"rollout_id": np.zeros(1002, int), "position": np.arange(1002),
+                              "token_id": ids, "old_logp": values})
+    df = RunReader(tmp_path).sql("SELECT token_id, old_logp FROM tokens ORDER BY position")
+    assert df.token_id.tolist() == ids.tolist()
+    assert np.array_equal(df.old_logp.to_numpy(), values, equal_nan=True)
+    assert np.signbit(df.old_logp.to_numpy()[997])  # -0.0 kept
