@@ -1149,6 +1149,10 @@ _RUNS_OVERVIEW_SQL = """
 """
 
 
+# How long a data folder must have been unchanged before its listing is reused (see `RunReader._segments_of`).
+_LISTING_SETTLE_SECONDS = 2.0
+
+
 class RunReader:
     """Read-only SQL over runs: an in-memory DuckDB connection with the views runs, steps, rollouts, tokens,
     token_passes and prm_steps over the Parquet files of all runs (or only of `runs`).
@@ -1179,6 +1183,7 @@ class RunReader:
         self._quarantined: dict[str, str] = {}
         self._verified: set[str] = set()  # files every page of which was decoded once (see `_find_damaged`)
         self._meta_cache: dict[str, tuple[int, int, dict]] = {}
+        self._listings: dict[str, tuple[tuple[int, int], list[_Segment], list[str]]] = {}  # see `_segments_of`
         if self.logs_dir.exists() and not self.logs_dir.is_dir():
             raise _logs_dir_error(self.logs_dir, NotADirectoryError())
         if self.only is not None:
@@ -1319,7 +1324,7 @@ class RunReader:
                     raise
                 problems.append(str(err))
                 continue
-            segments = _scan_segments(data_dir_of(run_dir), problems)
+            segments = self._segments_of(data_dir_of(run_dir), problems)
             for seg in segments:
                 if not self._collect(seg, files, problems) and not final:
                     return None
@@ -1331,6 +1336,28 @@ class RunReader:
         for gone in self._segments.keys() - self._seen_segments:  # compacted away: forget
             del self._segments[gone]
         return problems, files, runs_rows
+
+    def _segments_of(self, data_dir: Path, problems: list[str]) -> list[_Segment]:
+        """`_scan_segments`, listed again only when the folder changed: adding, renaming or removing a step or
+        chunk folder changes the data folder's mtime, so the live view's poll costs one stat per run, not a
+        listing. The mtime's resolution is coarse (a clock tick), so two changes close together could leave it
+        the same: a listing is reused only if the folder had not changed for `_LISTING_SETTLE_SECONDS` when
+        it was taken."""
+        try:
+            st = os.stat(data_dir)
+        except OSError:
+            st = None
+        key = None if st is None else (st.st_ino, st.st_mtime_ns)
+        cached = self._listings.get(str(data_dir))
+        if key is not None and cached is not None and cached[0] == key:
+            problems.extend(cached[2])
+            return cached[1]
+        found: list[str] = []
+        segments = _scan_segments(data_dir, found)
+        problems.extend(found)
+        if key is not None and time.time() - st.st_mtime > _LISTING_SETTLE_SECONDS:
+            self._listings[str(data_dir)] = (key, segments, found)
+        return segments
 
     def _apply(self, problems: list[str], files: dict[str, list[str]], runs_rows: list[tuple]) -> bool:
         self.problems = problems

@@ -590,3 +590,28 @@ def test_float_and_integer_columns_round_trip_exactly(tmp_path):
     assert df.token_id.tolist() == ids.tolist()
     assert np.array_equal(df.old_logp.to_numpy(), values, equal_nan=True)
     assert np.signbit(df.old_logp.to_numpy()[997])  # -0.0 kept
+
+
+def test_refresh_lists_a_data_folder_again_only_when_it_changed(tmp_path, monkeypatch):
+    writer = write_run(tmp_path, "quiet", 3, close=None, compact_every=0)
+    writer.flush()
+    data = data_dir_of(tmp_path / "quiet")
+    settled = os.stat(data).st_mtime - 10  # as if the last step was written 10 s ago
+    os.utime(data, (settled, settled))
+    reader = RunReader(tmp_path)
+    listings = []
+    real_scan = runlog._scan_segments
+    monkeypatch.setattr(runlog, "_scan_segments", lambda *a, **k: listings.append(a[0]) or real_scan(*a, **k))
+    for _ in range(3):
+        assert not reader.refresh()
+    assert listings == []  # the poll of a quiet run: a stat, no listing
+    writer.log_step(3, **make_step(3))
+    writer.flush()  # renaming the step folder into place changes the folder's mtime
+    assert reader.refresh()
+    assert listings == [data]
+    # Changed within the last `_LISTING_SETTLE_SECONDS`: listed at every refresh (a second change in the same
+    # clock tick would not move the mtime)
+    reader.refresh()
+    assert listings == [data] * 2
+    assert token_counts(reader, "quiet") == {s: 12 for s in range(4)}
+    writer.close()
