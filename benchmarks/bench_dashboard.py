@@ -315,8 +315,10 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     if args.runs:
         many_runs(logs_dir, args.runs, args.repeat)
+    import streamlit.logger
     import torch
 
+    streamlit.logger.set_log_level("error")  # AppTest's "no runtime" warnings, one per cached function
     torch.set_num_threads(1)
     run_dir_logs = logs_dir  # the dashboard sees every run of this folder, as a user's would
     print(f"\nquery and figure functions (uncached, median of {args.repeat}):")

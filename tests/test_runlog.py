@@ -554,6 +554,7 @@ def test_log_many_writes_the_files_log_step_and_compaction_write(tmp_path, monke
     def step_data(step: int) -> dict:
         data = make_step(step, rollouts=2 + step % 3, prm=step % 4 == 0)
         data["metrics"].update(wall_time=2.0 * step, step_seconds=2.0)
+        data["rollouts"]["kind"] = ["eval", "train", None, "train"][: len(data["rollouts"])]
         return data
 
     one_by_one = RunWriter.create(tmp_path / "a", "run", compact_every=2)
@@ -572,8 +573,16 @@ def test_log_many_writes_the_files_log_step_and_compaction_write(tmp_path, monke
     assert any(name.startswith("chunk-000000000-000000015-") for name in got)
     for name, (rows, encodings, content) in expected.items():
         assert got[name] == (rows, encodings, content), name
-        assert all(n == 5 for n in rows[:-1]) and 0 < rows[-1] <= 5, (name, rows)
+        if not name.endswith("rollouts.parquet"):
+            assert all(n == 5 for n in rows[:-1]) and 0 < rows[-1] <= 5, (name, rows)
     assert list_runs(tmp_path / "b")[0]["last_step"] == 22
+    # train rollouts and the others (eval, NULL) never share a row group: a query for one kind skips the other
+    for name, (rows, _, content) in expected.items():
+        if name.endswith("rollouts.parquet"):
+            bounds = np.cumsum([0, *rows])
+            groups = [{r["kind"] == "train" for r in content[a:b]} for a, b in zip(bounds, bounds[1:], strict=False)]
+            assert all(len(kinds) == 1 for kinds in groups), (name, groups)
+            assert all(n == 5 for n in rows[:-2]), rows  # only the last of each part is shorter
     with pytest.raises(RunLogError, match="strictly increasing"):
         RunWriter.resume(tmp_path / "b", "run").log_many([22], step_data)
 
