@@ -51,7 +51,7 @@ def synthetic_step(step: int, groups: int, group_size: int, length: int, passes:
     GRPO rule, three reasoning steps per completion."""
     import numpy as np
 
-    from engine.objectives import CLIP_CAP, CLIP_HIGH, CLIP_LOW, CLIP_NONE
+    from engine.clip_codes import CLIP_CAP, CLIP_HIGH, CLIP_LOW, CLIP_NONE
 
     evals = 2
     n_train, n = groups * group_size, groups * group_size + evals

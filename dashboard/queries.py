@@ -18,11 +18,14 @@ import json
 import pandas as pd
 import streamlit as st
 
-from engine.objectives import CLIP_CAP, CLIP_HIGH, CLIP_LOW
+from engine.clip_codes import CLIP_CAP, CLIP_HIGH, CLIP_LOW
 
 LIVE_TTL = 2  # seconds; the live watcher polls every 3 s
 RUN_TTL = 60
 STEP_TTL = 600
+# DuckDB's memory for the dashboard's queries (they read one step or one run's metrics; the largest, a whole
+# step's token passes, needs well under this), so a dashboard left open stays within a small machine's means.
+READER_MEMORY_LIMIT = "1GB"
 
 
 @st.cache_resource(show_spinner=False)
@@ -31,7 +34,7 @@ def get_reader(logs_dir: str):
     the logs folder, see `engine.runlog.RunReader`)."""
     from engine.runlog import RunReader
 
-    return RunReader(logs_dir)
+    return RunReader(logs_dir, memory_limit=READER_MEMORY_LIMIT)
 
 
 def sql(logs_dir: str, query: str, params: list | None = None) -> pd.DataFrame:

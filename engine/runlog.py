@@ -1184,13 +1184,15 @@ class RunReader:
     Thread-safe: calls are serialised by a lock.
     """
 
-    def __init__(self, logs_dir: str | os.PathLike, runs: str | Iterable[str] | None = None, unsafe: bool = False):
+    def __init__(self, logs_dir: str | os.PathLike, runs: str | Iterable[str] | None = None, unsafe: bool = False,
+                 memory_limit: str | None = None):
         # Absolute, so that the folders DuckDB may read and the paths in the views are written the same way.
         self.logs_dir = Path(os.path.abspath(logs_dir))
         if isinstance(runs, str):
             runs = [runs]
         self.only = None if runs is None else [validate_run_name(r, self.logs_dir) for r in runs]
         self.unsafe = unsafe
+        self.memory_limit = memory_limit  # DuckDB's, e.g. "1GB" (a long-lived server); default 80% of the RAM
         self.problems: list[str] = []
         self._lock = threading.RLock()
         self._segments: dict[str, tuple[list, list[str]]] = {}  # folder -> ([(table, path)], problems)
@@ -1211,6 +1213,11 @@ class RunReader:
         con = duckdb.connect(":memory:")
         # Our files are immutable under a given name, so caching their footers is safe and saves a read per file.
         con.execute("SET parquet_metadata_cache = true")
+        # DuckDB's own cache of file blocks duplicates the operating system's page cache for local files and
+        # made a long-lived reader's resident memory grow with every step looked at (1.8 GB at 100M token rows).
+        con.execute("SET enable_external_file_cache = false")
+        if self.memory_limit is not None:
+            con.execute("SET memory_limit = ?", [self.memory_limit])
         if not self.unsafe:
             roots = [self.logs_dir] if self.only is None else [self.logs_dir / name for name in self.only]
             con.execute("SET allowed_directories = ?", [[os.path.join(root, "") for root in roots]])

@@ -520,3 +520,30 @@ def test_while_the_demo_runs_the_empty_page_says_so_and_how_far_it_is(tmp_path, 
     assert "No runs in" not in " ".join(m.value for m in at.markdown)
     bars = {bar.proto.text: bar.proto.value for bar in at.get("progress")}
     assert bars["warm start (supervised fine-tuning, shared by every demo run): step 125 of 1000, loss 1.500"] == 12
+
+
+def test_pages_that_only_read_the_log_start_without_torch(trained):
+    """torch takes seconds to import: only the pages that recompute objectives (PRM steps, Algorithm weighting)
+    may load it, so the first view of the other pages in a fresh server does not wait for it."""
+    import subprocess
+    import sys
+    import textwrap
+
+    logs_dir, run = trained
+    script = textwrap.dedent(f"""
+        import os, sys
+        from streamlit.testing.v1 import AppTest
+        os.environ["POLICYLENS_LOGS_DIR"] = {logs_dir!r}
+        at = AppTest.from_file({str(Path(__file__).resolve().parent.parent / "dashboard" / "streamlit_app.py")!r},
+                               default_timeout={TIMEOUT})
+        at.query_params["run"] = {run!r}
+        at.run()
+        for page in ("runs", "replay", "groups", "token_inspector"):
+            at.switch_page(f"app_pages/{{page}}.py").run()
+            assert not at.exception, (page, [e.message for e in at.exception])
+            assert at.header, page
+        print("torch" in sys.modules)
+    """)
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=10 * TIMEOUT)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stdout.split()[-1] == "False"

@@ -5,6 +5,7 @@ Processes (read-while-write, SIGKILL) are in test_runlog_process.py, the CLI in 
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import shutil
@@ -580,7 +581,7 @@ def test_log_many_writes_the_files_log_step_and_compaction_write(tmp_path, monke
     for name, (rows, _, content) in expected.items():
         if name.endswith("rollouts.parquet"):
             bounds = np.cumsum([0, *rows])
-            groups = [{r["kind"] == "train" for r in content[a:b]} for a, b in zip(bounds, bounds[1:], strict=False)]
+            groups = [{r["kind"] == "train" for r in content[a:b]} for a, b in itertools.pairwise(bounds)]
             assert all(len(kinds) == 1 for kinds in groups), (name, groups)
             assert all(n == 5 for n in rows[:-2]), rows  # only the last of each part is shorter
     with pytest.raises(RunLogError, match="strictly increasing"):
