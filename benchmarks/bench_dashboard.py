@@ -193,12 +193,13 @@ def time_reruns(at, repeat: int) -> dict[str, float]:
     return {label: statistics.median(values) for label, values in times.items()}
 
 
-def time_pages(logs_dir: Path, run: str, repeat: int) -> list[dict]:
+def time_pages(logs_dir: Path, run: str, step: int, repeat: int) -> list[dict]:
     from streamlit.testing.v1 import AppTest
 
     os.environ["POLICYLENS_LOGS_DIR"] = str(logs_dir)
     at = AppTest.from_file(str(ROOT / "dashboard" / "streamlit_app.py"), default_timeout=600)
     at.query_params["run"] = run
+    at.query_params["step"] = step  # inside the largest chunk, not the small newest step folder
     at.run()
     rows = []
     for page in PAGES:
@@ -325,9 +326,10 @@ def main(argv: list[str] | None = None) -> int:
     for name, seconds in time_functions(run_dir_logs, run, args.repeat):
         print(f"  {name:<34} {seconds * 1000:8.1f} ms")
     if not args.skip_pages:
-        print(f"\npage render, server time (AppTest, median of {args.repeat}):")
+        print(f"\npage render at step {(args.steps - 1) // 2}, server time (AppTest, median of {args.repeat}):")
         print(f"  {'page':<22} {'new reader':>10} {'cold (s)':>9} {'warm (s)':>9}")
-        for row in time_pages(run_dir_logs, run, args.repeat):
+        step = (args.steps - 1) // 2
+        for row in time_pages(run_dir_logs, run, step, args.repeat):
             print(f"  {row['page']:<22} {row['new reader']:10.3f} {row['cold']:9.3f} {row['warm']:9.3f}")
     print(f"\npeak resident memory of this process (the dashboard server): {peak_rss_mb():.0f} MB")
     return 0
