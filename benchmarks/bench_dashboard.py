@@ -160,18 +160,21 @@ def ensure_run(logs_dir, steps: int, groups: int, group_size: int, length: int, 
 
 
 def describe(logs_dir: Path, run: str) -> None:
-    from engine.runlog import RunReader, data_dir_of
+    """Rows (from the Parquet footers: a count through DuckDB would inflate this process's peak memory) and bytes."""
+    import pyarrow.parquet as pq
 
-    counts = RunReader(logs_dir, run).sql("SELECT (SELECT count(*) FROM tokens) AS tokens, "
-                                          "(SELECT count(*) FROM token_passes) AS passes, "
-                                          "(SELECT count(*) FROM rollouts) AS rollouts")
+    from engine.runlog import data_dir_of
+
     sizes: dict[str, int] = {}
+    rows: dict[str, int] = {}
     for path in data_dir_of(logs_dir / run).rglob("*.parquet"):
         sizes[path.stem] = sizes.get(path.stem, 0) + path.stat().st_size
-    tokens, passes = int(counts.tokens[0]), int(counts.passes[0])
-    print(f"{run}: {tokens:,} token rows ({sizes.get('tokens', 0) / tokens:.1f} B/row), {passes:,} token-pass rows "
-          f"({sizes.get('token_passes', 0) / max(passes, 1):.1f} B/row), {int(counts.rollouts[0]):,} rollouts, "
-          f"{sum(sizes.values()) / 1e9:.2f} GB, {len(list(data_dir_of(logs_dir / run).iterdir()))} folders")
+        rows[path.stem] = rows.get(path.stem, 0) + pq.ParquetFile(path).metadata.num_rows
+    tokens, passes = rows.get("tokens", 0), rows.get("token_passes", 0)
+    print(f"{run}: {tokens:,} token rows ({sizes.get('tokens', 0) / max(tokens, 1):.1f} B/row), {passes:,} "
+          f"token-pass rows ({sizes.get('token_passes', 0) / max(passes, 1):.1f} B/row), "
+          f"{rows.get('rollouts', 0):,} rollouts, {sum(sizes.values()) / 1e9:.2f} GB, "
+          f"{len(list(data_dir_of(logs_dir / run).iterdir()))} folders")
 
 
 def time_reruns(at, repeat: int) -> dict[str, float]:
