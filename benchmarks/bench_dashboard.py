@@ -265,7 +265,7 @@ def many_runs(logs_dir: Path, count: int, repeat: int) -> None:
     """`policylens runs` (a new process) and a no-change refresh over `count` small runs of 40 steps each."""
     from engine.runlog import RunReader, RunWriter
 
-    folder = logs_dir / f"many-{count}"
+    folder = logs_dir.parent / f"{logs_dir.name}-many-{count}"  # a logs folder of its own
     if len(list(folder.glob("*/run.json"))) != count:
         shutil.rmtree(folder, ignore_errors=True)
         import numpy as np

@@ -27,6 +27,8 @@ How the behaviour the issue asks for is obtained:
 2. Many steps stay fast to query: after ``compact_every`` step folders the writer merges them into one chunk
    (files sorted by step, rollout, position, so row-group statistics prune a one-rollout query), and every
    ``_MERGE_FAN_IN`` chunks of one size into a bigger one: the file count grows with the log of the step count.
+   Row groups have a fixed size whatever the merge path (`_FolderWriter`), so `RunWriter.log_many` can write a
+   bulk import straight into its final chunks; a reader lists a data folder again only when its mtime changed.
    A reader that lists a chunk and the folders it replaced uses the chunk. The replaced folders are deleted
    ``_DELETE_GRACE_SECONDS`` later (readdir is no snapshot; see there); a reader whose view still names a
    deleted file refreshes and retries the query (`RunReader.sql`).
@@ -1129,6 +1131,16 @@ def _check_file(path: str, table: str) -> str | None:
     return None
 
 
+def _insert_rows(con: duckdb.DuckDBPyConnection, table: str, rows: list[tuple]) -> None:
+    """Insert rows of the runs table, many per statement (`executemany` prepares one statement per row: 0.1 s
+    for 200 runs)."""
+    marks = "(" + ", ".join("?" * len(RUNS_SCHEMA)) + ")"
+    for start in range(0, len(rows), 256):
+        batch = rows[start:start + 256]
+        con.execute(f"INSERT INTO {table} VALUES {', '.join([marks] * len(batch))}",
+                    [value for row in batch for value in row])
+
+
 def _sql_str(value: str) -> str:
     return "'" + value.replace("'", "''") + "'"
 
@@ -1192,11 +1204,12 @@ class RunReader:
     open no file outside the runs read (its external access is off except for those folders, extensions are
     neither installed nor loaded, and that configuration is locked). `unsafe=True` lifts all of it (a full
     DuckDB shell; the six tables are restored by the next query if a statement dropped or replaced them).
+    `tables` limits the files checked and read to some tables (the others are empty): opening is then cheaper.
     Thread-safe: calls are serialised by a lock.
     """
 
     def __init__(self, logs_dir: str | os.PathLike, runs: str | Iterable[str] | None = None, unsafe: bool = False,
-                 memory_limit: str | None = None):
+                 memory_limit: str | None = None, tables: Iterable[str] | None = None):
         # Absolute, so that the folders DuckDB may read and the paths in the views are written the same way.
         self.logs_dir = Path(os.path.abspath(logs_dir))
         if isinstance(runs, str):
@@ -1204,6 +1217,11 @@ class RunReader:
         self.only = None if runs is None else [validate_run_name(r, self.logs_dir) for r in runs]
         self.unsafe = unsafe
         self.memory_limit = memory_limit  # DuckDB's, e.g. "1GB" (a long-lived server); default 80% of the RAM
+        # Only these tables' files are checked and read; the other views stay empty (`policylens runs` needs the
+        # steps only: 0.2 s instead of 1.3 s to open 200 runs).
+        self.tables = DATA_TABLES if tables is None else tuple(tables)
+        if unknown := sorted(set(self.tables) - set(DATA_TABLES)):
+            raise RunLogError(f"unknown table(s) {unknown}; the tables are {list(DATA_TABLES)}")
         self.problems: list[str] = []
         self._lock = threading.RLock()
         self._segments: dict[str, tuple[list, list[str]]] = {}  # folder -> ([(table, path)], problems)
@@ -1401,9 +1419,7 @@ class RunReader:
                 changed = True
         if runs_rows != self._runs_rows:
             self._con.execute("CREATE OR REPLACE TABLE _runlog.runs AS SELECT * FROM _runlog.empty_runs")
-            if runs_rows:
-                marks = ", ".join("?" * len(RUNS_SCHEMA))
-                self._con.executemany(f"INSERT INTO _runlog.runs VALUES ({marks})", runs_rows)
+            _insert_rows(self._con, "_runlog.runs", runs_rows)
             self._con.execute("CREATE OR REPLACE VIEW runs AS SELECT * FROM _runlog.runs")
             self._runs_rows = runs_rows
             changed = True
@@ -1448,6 +1464,8 @@ class RunReader:
                 table = entry.name[: -len(".parquet")] if entry.name.endswith(".parquet") else None
                 if table not in TABLE_SCHEMAS:
                     notes.append(f"{_shown(entry.path)}: foreign file in a step folder (ignored)")
+                elif table not in self.tables:
+                    continue
                 elif problem := _check_file(entry.path, table):
                     notes.append(f"{_shown(entry.path)}: {problem} (skipped)")
                 else:
@@ -1555,9 +1573,7 @@ class RunReader:
                             if self._views[table]:
                                 out.execute(f"INSERT INTO {table} {_parquet_source(table, self._views[table])}")
                         out.execute(f"CREATE TABLE runs ({_columns_ddl(RUNS_SCHEMA)})")
-                        if self._runs_rows:
-                            marks = ", ".join("?" * len(RUNS_SCHEMA))
-                            out.executemany(f"INSERT INTO runs VALUES ({marks})", self._runs_rows)
+                        _insert_rows(out, "runs", self._runs_rows or [])
                     os.replace(tmp, path)
                     return path
                 except duckdb.Error as err:

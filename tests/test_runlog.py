@@ -626,3 +626,16 @@ def test_refresh_lists_a_data_folder_again_only_when_it_changed(tmp_path, monkey
     assert listings == [data] * 2
     assert token_counts(reader, "quiet") == {s: 12 for s in range(4)}
     writer.close()
+
+
+def test_reader_limited_to_some_tables_opens_no_other_file(tmp_path):
+    write_run(tmp_path, "a", 3, compact_every=0)
+    data = data_dir_of(tmp_path / "a")
+    (step_dir(data, 1) / "tokens.parquet").write_bytes(b"garbage")  # would be reported if it were opened
+    reader = RunReader(tmp_path, tables=("steps",))
+    assert reader.problems == []
+    assert reader.runs_overview()["steps_logged"].tolist() == [3]
+    assert reader.sql("SELECT count(*) AS n FROM tokens").n[0] == 0  # left out: an empty view
+    assert any("tokens.parquet" in p for p in RunReader(tmp_path).problems)
+    with pytest.raises(RunLogError, match="unknown table"):
+        RunReader(tmp_path, tables=("token",))
