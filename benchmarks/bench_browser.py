@@ -104,7 +104,8 @@ def server_memory_mb(port: int) -> float | None:
     return None
 
 
-def measure(logs_dir: Path, run: str, step: int, rollout: int, repeat: int) -> dict[str, list[float]]:
+def measure(logs_dir: Path, run: str, step: int, rollout: int, repeat: int,
+            pages: list[str]) -> dict[str, list[float]]:
     from playwright.sync_api import sync_playwright
 
     screenshots = _screenshots()
@@ -119,6 +120,8 @@ def measure(logs_dir: Path, run: str, step: int, rollout: int, repeat: int) -> d
         query = f"run={run}&step={step}&rollout={rollout}"
         for round_ in range(repeat):
             for name, path in PAGES.items():
+                if name not in pages:
+                    continue
                 context = browser.new_context(viewport={"width": 1400, "height": 1000})
                 context.add_init_script(WATCH_MUTATIONS)
                 page = context.new_page()
@@ -144,6 +147,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--logs-dir", default=str(ROOT / "bench_logs"))
     parser.add_argument("--run", action="append", help="run(s) to measure (default: every bench-* run)")
     parser.add_argument("--repeat", type=int, default=3)
+    parser.add_argument("--pages", nargs="+", choices=list(PAGES), default=list(PAGES), help="only these pages")
     args = parser.parse_args(argv)
     from engine.runlog import RunReader, list_runs
 
@@ -156,7 +160,7 @@ def main(argv: list[str] | None = None) -> int:
         rollout = int(reader.sql("SELECT min(rollout_id) AS r FROM rollouts WHERE step = ? AND kind = 'train'",
                                  [step])["r"][0])
         print(f"\n{run}: {tokens:,} token rows, step {step}, rollout {rollout}")
-        results = measure(logs_dir, run, step, rollout, args.repeat)
+        results = measure(logs_dir, run, step, rollout, args.repeat, args.pages)
         print(f"  medians of {args.repeat}:")
         for name, values in results.items():
             print(f"    {name:<34} {statistics.median(values):6.2f} s")
