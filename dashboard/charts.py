@@ -16,7 +16,7 @@ import plotly.graph_objects as go
 from plotly.colors import get_colorscale, qualitative
 
 from dashboard.tokens import CHANNELS, channel_range, visible_text
-from engine.objectives import CLIP_CAP, CLIP_EVENTS, CLIP_HIGH, CLIP_LOW, CLIP_NAMES, CLIP_NONE
+from engine.clip_codes import CLIP_CAP, CLIP_EVENTS, CLIP_HIGH, CLIP_LOW, CLIP_NAMES, CLIP_NONE
 
 # Metric curves shown on the Runs and Replay pages: (column of the `steps` view, title).
 CURVE_METRICS: list[tuple[str, str]] = [

@@ -27,7 +27,7 @@ from plotly.offline import get_plotlyjs
 
 from dashboard import charts, queries
 from dashboard.tokens import CHANNELS, token_heatmap_html
-from engine.objectives import CLIP_EVENTS, CLIP_NAMES
+from engine.clip_codes import CLIP_EVENTS, CLIP_NAMES
 
 # Numbers of the chosen step shown at the top: (column of the `steps` view, label).
 KEY_METRICS = [

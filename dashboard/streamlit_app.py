@@ -151,4 +151,6 @@ page = st.navigation(
                 url_path="weighting"),
     ]
 )
-page.run()
+# The page runs as a fragment: its own widgets (a rollout, a channel, a group) rerun the page only, not this frame
+# (run list, sidebar pickers, problems), which they cannot change. Sidebar choices and new steps rerun everything.
+st.fragment(page.run)()

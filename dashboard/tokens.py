@@ -18,7 +18,7 @@ from dataclasses import dataclass
 import pandas as pd
 from plotly.colors import sample_colorscale
 
-from engine.objectives import CLIP_CAP, CLIP_HIGH, CLIP_LOW, CLIP_NAMES
+from engine.clip_codes import CLIP_CAP, CLIP_HIGH, CLIP_LOW, CLIP_NAMES
 
 
 @dataclass(frozen=True)

@@ -258,7 +258,7 @@ def run_runs(args: argparse.Namespace) -> int:
     from engine.runlog import RunLogError, RunReader
 
     try:
-        with RunReader(args.logs_dir) as reader:
+        with RunReader(args.logs_dir, tables=("steps",)) as reader:  # the overview reads no token file
             columns, rows = reader.runs_overview(as_rows=True)
             _warn_problems("runs", reader.problems, set())
     except RunLogError as err:

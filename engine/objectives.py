@@ -81,6 +81,8 @@ from typing import Any
 
 import torch
 
+from engine.clip_codes import CLIP_CAP, CLIP_EVENTS, CLIP_HIGH, CLIP_LOW, CLIP_NAMES, CLIP_NONE
+
 __all__ = [
     "AGGREGATIONS",
     "ALGORITHMS",
@@ -110,9 +112,6 @@ AGGREGATIONS = ("seq-mean-token-mean", "token-mean", "seq-mean-token-sum-norm", 
 RATIO_LEVELS = ("token", "sequence", "sequence-token", "geometric")
 SURROGATES = ("ppo-clip", "cispo", "aspo", "sapo", "linear")
 
-CLIP_NONE, CLIP_LOW, CLIP_HIGH, CLIP_CAP = 0, 1, 2, 3
-CLIP_EVENTS = (CLIP_LOW, CLIP_HIGH, CLIP_CAP)  # every code but "none"
-CLIP_NAMES = {CLIP_NONE: "none", CLIP_LOW: "low", CLIP_HIGH: "high", CLIP_CAP: "dual / cap"}  # short labels
 
 # SAPO has no hard clip: a token is reported as soft-capped (code 3) when its gate has cut the gradient weight to
 # less than this fraction of the ungated weight r * A (the gate factor 4 sigma (1 - sigma) is 1 at r = 1).

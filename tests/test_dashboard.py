@@ -604,3 +604,70 @@ def test_runs_page_shows_the_critics_curves_for_a_ppo_run(trained_ppo, monkeypat
     at = open_page(logs_dir, None, monkeypatch, run=run)
     titles = [a["text"] for a in plotly_spec(at, "run_curves")["layout"]["annotations"]]
     assert "value loss (critic)" in titles and "explained variance (critic)" in titles
+
+
+def test_pages_that_only_read_the_log_start_without_torch(trained):
+    """torch takes seconds to import: only the pages that recompute objectives (PRM steps, Algorithm weighting)
+    may load it, so the first view of the other pages in a fresh server does not wait for it."""
+    import subprocess
+    import sys
+    import textwrap
+
+    logs_dir, run = trained
+    script = textwrap.dedent(f"""
+        import os, sys
+        from streamlit.testing.v1 import AppTest
+        os.environ["POLICYLENS_LOGS_DIR"] = {logs_dir!r}
+        at = AppTest.from_file({str(Path(__file__).resolve().parent.parent / "dashboard" / "streamlit_app.py")!r},
+                               default_timeout={TIMEOUT})
+        at.query_params["run"] = {run!r}
+        at.run()
+        for page in ("runs", "replay", "groups", "token_inspector"):
+            at.switch_page(f"app_pages/{{page}}.py").run()
+            assert not at.exception, (page, [e.message for e in at.exception])
+            assert at.header, page
+        print("torch" in sys.modules)
+    """)
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=10 * TIMEOUT)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stdout.split()[-1] == "False"
+
+
+def test_step_queries_on_hand_made_passes(tmp_path):
+    """Rollouts used by different passes (mini-batches), one pass logging no gradient weight: the one-rollout and
+    per-rollout queries (bounded by a rollout-id range for row-group pruning) return exactly these rows."""
+    from dashboard import queries
+    from engine.runlog import RunWriter
+
+    # rollout 0: passes 0 and 2; rollout 1: pass 1; rollout 2: passes 0 and 1 (no grad_weight in pass 1)
+    used = {0: [0, 2], 1: [1], 2: [0, 1]}
+    passes = {"pass": [], "rollout_id": [], "position": [], "ratio": [], "grad_weight": []}
+    for rollout, numbers in used.items():
+        for p in numbers:
+            for position in range(2):
+                passes["pass"].append(p)
+                passes["rollout_id"].append(rollout)
+                passes["position"].append(position)
+                passes["ratio"].append(1 + p / 10 + rollout / 100)
+                passes["grad_weight"].append(None if (rollout, p) == (2, 1) else 10 * rollout + p + position / 2)
+    with RunWriter.create(tmp_path, "hand", background=False) as writer:
+        writer.log_step(0, rollouts={"rollout_id": [0, 1, 2], "length": [2, 2, 2], "advantage": [1.0, -1.0, 0.5],
+                                     "kind": ["train"] * 3},
+                        tokens={"rollout_id": [0, 0, 1, 1, 2, 2], "position": [0, 1] * 3,
+                                "token_text": list("abcdef")},
+                        token_passes=passes)
+    logs = str(tmp_path)
+    totals = queries.rollout_total_weights(logs, "hand", 0)
+    assert totals["rollout_id"].tolist() == [0, 1, 2]
+    assert totals["total_weight"].tolist()[:2] == [2 + 2.5, 11 + 11.5]  # the last pass that used each rollout
+    assert pd.isna(totals["total_weight"].iloc[2])  # its last pass logged no weight: not the earlier pass's
+    last = queries.tokens_at_update(logs, "hand", 0, (0, 2), -1)
+    assert last["token_text"].tolist() == list("abef") and last["pass"].tolist() == [2, 2, 1, 1]
+    first = queries.tokens_at_update(logs, "hand", 0, (1,), 0)
+    assert first["token_text"].tolist() == list("cd") and first["pass"].tolist() == [1, 1]
+    in_pass_0 = queries.rollout_tokens(logs, "hand", 0, (0, 2), 0)
+    assert in_pass_0["ratio"].tolist() == [1.0, 1.0, 1.02, 1.02]
+    not_in_pass = queries.rollout_tokens(logs, "hand", 0, (1,), 0)  # rollout 1 was not in pass 0: NULL values
+    assert not_in_pass["token_text"].tolist() == ["c", "d"] and not_in_pass["ratio"].isna().all()
+    assert queries.update_count(logs, "hand", 0, (0, 1)) == 2
+    assert queries.rollout_passes(logs, "hand", 0, 2) == [0, 1]

@@ -5,6 +5,7 @@ Processes (read-while-write, SIGKILL) are in test_runlog_process.py, the CLI in 
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import shutil
@@ -13,8 +14,10 @@ from pathlib import Path
 import duckdb
 import numpy as np
 import pandas as pd
+import pyarrow.parquet as pq
 import pytest
 
+from engine import runlog
 from engine.runlog import (
     SCHEMA_VERSION,
     TABLE_SCHEMAS,
@@ -532,3 +535,108 @@ def test_resume_deletes_folders_a_chunk_replaced_before_a_crash(tmp_path):
     RunWriter.resume(tmp_path, "a").close()
     assert sorted(p.name[:14] for p in data.iterdir()) == ["chunk-00000000", "chunk-00000000", "step-000000004"]
     assert token_counts(RunReader(tmp_path), "a") == {s: 12 for s in range(5)}
+
+
+def _files_of(run_dir: Path) -> dict[str, tuple]:
+    """Every Parquet file of a run by folder (session part of step-folder names dropped): rows per row group,
+    column encodings, contents."""
+    out = {}
+    for path in sorted(data_dir_of(run_dir).glob("*/*.parquet")):
+        meta = pq.ParquetFile(path).metadata
+        groups = [meta.row_group(i) for i in range(meta.num_row_groups)]
+        encodings = [tuple(sorted(g.column(j).encodings)) for g in groups for j in range(g.num_columns)]
+        folder = path.parent.name.split(".s")[0]
+        out[f"{folder}/{path.name}"] = ([g.num_rows for g in groups], encodings, pq.read_table(path).to_pylist())
+    return out
+
+
+def test_log_many_writes_the_files_log_step_and_compaction_write(tmp_path, monkeypatch):
+    monkeypatch.setattr(runlog, "_ROW_GROUP_ROWS", 5)  # row groups that straddle steps and chunks
+
+    def step_data(step: int) -> dict:
+        data = make_step(step, rollouts=2 + step % 3, prm=step % 4 == 0)
+        data["metrics"].update(wall_time=2.0 * step, step_seconds=2.0)
+        data["rollouts"]["kind"] = ["eval", "train", None, "train"][: len(data["rollouts"])]
+        return data
+
+    one_by_one = RunWriter.create(tmp_path / "a", "run", compact_every=2)
+    for step in range(23):
+        one_by_one.log_step(step, **step_data(step))
+    one_by_one.close()
+    bulk = RunWriter.create(tmp_path / "b", "run", compact_every=2)
+    for step in range(5):  # a bulk import on top of steps logged one by one (some absorbed into its chunks)
+        bulk.log_step(step, **step_data(step))
+    bulk.flush()
+    bulk.log_many(range(5, 23), step_data)
+    bulk.close()
+
+    expected, got = _files_of(tmp_path / "a" / "run"), _files_of(tmp_path / "b" / "run")
+    assert sorted(got) == sorted(expected)
+    assert any(name.startswith("chunk-000000000-000000015-") for name in got)
+    for name, (rows, encodings, content) in expected.items():
+        assert got[name] == (rows, encodings, content), name
+        size = runlog._row_group_rows(name.split("/")[1][: -len(".parquet")])  # 5, or 20 for per-token tables
+        if not name.endswith("rollouts.parquet"):
+            assert all(n == size for n in rows[:-1]) and 0 < rows[-1] <= size, (name, rows)
+    assert list_runs(tmp_path / "b")[0]["last_step"] == 22
+    # train rollouts and the others (eval, NULL) never share a row group: a query for one kind skips the other
+    for name, (rows, _, content) in expected.items():
+        if name.endswith("rollouts.parquet"):
+            bounds = np.cumsum([0, *rows])
+            groups = [{r["kind"] == "train" for r in content[a:b]} for a, b in itertools.pairwise(bounds)]
+            assert all(len(kinds) == 1 for kinds in groups), (name, groups)
+            assert all(n == 5 for n in rows[:-2]), rows  # only the last of each part is shorter
+    with pytest.raises(RunLogError, match="strictly increasing"):
+        RunWriter.resume(tmp_path / "b", "run").log_many([22], step_data)
+
+
+def test_float_and_integer_columns_round_trip_exactly(tmp_path):
+    """The compact encodings (byte-stream-split floats, delta integers) change bytes on disk, not values."""
+    rng = np.random.default_rng(3)
+    values = np.concatenate([-rng.gamma(1.0, 0.6, 996), [0.0, -0.0, np.finfo(float).tiny, -1e300, 5e-324, np.nan]])
+    ids = np.concatenate([rng.integers(-2**62, 2**62, 1000), [0, -1]])
+    with RunWriter.create(tmp_path, "exact", background=False) as w:
+        w.log_step(0, tokens={"rollout_id": np.zeros(1002, int), "position": np.arange(1002),
+                              "token_id": ids, "old_logp": values})
+    df = RunReader(tmp_path).sql("SELECT token_id, old_logp FROM tokens ORDER BY position")
+    assert df.token_id.tolist() == ids.tolist()
+    assert np.array_equal(df.old_logp.to_numpy(), values, equal_nan=True)
+    assert np.signbit(df.old_logp.to_numpy()[997])  # -0.0 kept
+
+
+def test_refresh_lists_a_data_folder_again_only_when_it_changed(tmp_path, monkeypatch):
+    writer = write_run(tmp_path, "quiet", 3, close=None, compact_every=0)
+    writer.flush()
+    data = data_dir_of(tmp_path / "quiet")
+    settled = os.stat(data).st_mtime - 10  # as if the last step was written 10 s ago
+    os.utime(data, (settled, settled))
+    reader = RunReader(tmp_path)
+    listings = []
+    real_scan = runlog._scan_segments
+    monkeypatch.setattr(runlog, "_scan_segments", lambda *a, **k: listings.append(a[0]) or real_scan(*a, **k))
+    for _ in range(3):
+        assert not reader.refresh()
+    assert listings == []  # the poll of a quiet run: a stat, no listing
+    writer.log_step(3, **make_step(3))
+    writer.flush()  # renaming the step folder into place changes the folder's mtime
+    assert reader.refresh()
+    assert listings == [data]
+    # Changed within the last `_LISTING_SETTLE_SECONDS`: listed at every refresh (a second change in the same
+    # clock tick would not move the mtime)
+    reader.refresh()
+    assert listings == [data] * 2
+    assert token_counts(reader, "quiet") == {s: 12 for s in range(4)}
+    writer.close()
+
+
+def test_reader_limited_to_some_tables_opens_no_other_file(tmp_path):
+    write_run(tmp_path, "a", 3, compact_every=0)
+    data = data_dir_of(tmp_path / "a")
+    (step_dir(data, 1) / "tokens.parquet").write_bytes(b"garbage")  # would be reported if it were opened
+    reader = RunReader(tmp_path, tables=("steps",))
+    assert reader.problems == []
+    assert reader.runs_overview()["steps_logged"].tolist() == [3]
+    assert reader.sql("SELECT count(*) AS n FROM tokens").n[0] == 0  # left out: an empty view
+    assert any("tokens.parquet" in p for p in RunReader(tmp_path).problems)
+    with pytest.raises(RunLogError, match="unknown table"):
+        RunReader(tmp_path, tables=("token",))

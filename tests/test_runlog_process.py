@@ -31,14 +31,14 @@ WRITER = textwrap.dedent(
     logs, name, steps, pause, kill_at = sys.argv[1], sys.argv[2], int(sys.argv[3]), float(sys.argv[4]), int(sys.argv[5])
     LENGTH = int(sys.argv[7])
 
-    if kill_at >= 0:  # stop inside step `kill_at`, after its first file is written, and tell the test
-        original = runlog._write_parquet
-        def slow_write(arrow, path):
-            original(arrow, path)
-            if path.parent.name.startswith(f".tmp-step-{kill_at:09d}"):
+    if kill_at >= 0:  # stop inside step `kill_at`, after its first row group is written, and tell the test
+        original = runlog._FolderWriter._write
+        def slow_write(self, table, rows):
+            original(self, table, rows)
+            if self.tmp.name.startswith(f".tmp-step-{kill_at:09d}"):
                 print("MID-STEP", flush=True)
                 time.sleep(60)
-        runlog._write_parquet = slow_write
+        runlog._FolderWriter._write = slow_write
 
     start = int(sys.argv[6])
     if start:

@@ -8,7 +8,7 @@ import streamlit as st
 
 from dashboard import charts, common, queries, report
 from dashboard.tokens import CHANNELS, token_heatmap_html
-from engine.objectives import CLIP_EVENTS, CLIP_NAMES
+from engine.clip_codes import CLIP_EVENTS, CLIP_NAMES
 
 selection = common.require_selection()
 logs, run, step = selection.logs_dir, selection.run, selection.step
