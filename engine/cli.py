@@ -38,7 +38,7 @@ def add_train_command(subparsers) -> None:
     from engine.config import add_config_arguments
 
     parser = subparsers.add_parser(
-        "train", help="train a policy and log every token", epilog=TRAIN_EXAMPLES,
+        "train", help=CONFIG_COMMANDS["train"], epilog=TRAIN_EXAMPLES,
         formatter_class=argparse.RawDescriptionHelpFormatter,
         description="Train a tiny policy with GRPO, DAPO, GSPO, ASPO ... and log every token of every step. "
         "Every config field is a flag; unset flags come from --config, then the algorithm preset.",
@@ -154,7 +154,7 @@ def add_warmstart_command(subparsers) -> None:
     from engine.config import add_config_arguments
 
     parser = subparsers.add_parser(
-        "warmstart", help="build (or reuse) the cached warm start that `policylens train` with these flags uses",
+        "warmstart", help=CONFIG_COMMANDS["warmstart"],
         description="Supervised warm start of the built-in model, cached in the cache folder so that every "
         "`policylens train` with the same task, seed, model and SFT settings starts at once. Takes the same config "
         "flags as train; prints the held-out greedy accuracy of the warm start.",
@@ -635,26 +635,41 @@ def run_import(args: argparse.Namespace) -> int:
 # ----------------------------------------------------------------
 
 
-def build_parser() -> argparse.ArgumentParser:
+# The commands whose flags are engine.config's fields: building them imports the engine, and with it torch (about
+# a second), so for any other command they are only named, and `policylens runs` or `sql` start at once.
+CONFIG_COMMANDS = {
+    "train": "train a policy and log every token",
+    "warmstart": "build (or reuse) the cached warm start that `policylens train` with these flags uses",
+}
+
+
+def build_parser(command: str | None = None) -> argparse.ArgumentParser:
+    """The whole command line; given `command` (the first word of the command line, the subcommand about to run),
+    the config commands other than it are named without their flags (see CONFIG_COMMANDS)."""
     parser = argparse.ArgumentParser(prog="policylens", description=__doc__.splitlines()[0])
     subparsers = parser.add_subparsers(dest="command", required=True)
-    for add_command in (
-        add_train_command,
-        add_warmstart_command,
-        add_runs_command,
-        add_sql_command,
-        add_export_command,
-        add_report_command,
-        add_dashboard_command,
-        add_demo_command,
-        add_import_command,
+    for name, add_command in (
+        ("train", add_train_command),
+        ("warmstart", add_warmstart_command),
+        ("runs", add_runs_command),
+        ("sql", add_sql_command),
+        ("export", add_export_command),
+        ("report", add_report_command),
+        ("dashboard", add_dashboard_command),
+        ("demo", add_demo_command),
+        ("import", add_import_command),
     ):
-        add_command(subparsers)
+        if name in CONFIG_COMMANDS and command not in (None, name):
+            subparsers.add_parser(name, help=CONFIG_COMMANDS[name])
+        else:
+            add_command(subparsers)
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    argv = sys.argv[1:] if argv is None else argv
+    command = next((a for a in argv if not a.startswith("-")), None)  # the subcommand: no option precedes it
+    args = build_parser(command).parse_args(argv)
     return args.func(args) or 0
 
 

@@ -197,3 +197,22 @@ def test_dashboard_queries_read_a_damaged_logs_folder(tmp_path):
     assert len(queries.step_rollouts(logs, "good-a", 1)) == 3
     with pytest.raises(Exception, match="read-only"):
         queries.sql(logs, "DROP VIEW tokens")
+
+
+@pytest.mark.parametrize("command", [["runs"], ["sql", "r", "SELECT count(*) FROM steps"], ["export", "r", "r.duckdb"]])
+def test_reading_commands_start_without_loading_torch(tmp_path, command):
+    """Only train and warmstart need the engine (and torch, about a second to import): listing, querying and
+    exporting runs must not wait for it (`policylens runs` over 200 runs is a sub-second target)."""
+    import subprocess
+    import sys
+
+    from engine.runlog import RunWriter
+
+    with RunWriter.create(tmp_path, "r", config={}) as writer:
+        writer.log_step(0, metrics={"loss": 1.0})
+    script = ("import sys\nfrom engine.cli import main\n"
+              f"code = main({[*command, '--logs-dir', str(tmp_path)]!r})\n"
+              "print(code, 'torch' in sys.modules)")
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, cwd=tmp_path, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.split()[-2:] == ["0", "False"], done.stdout
