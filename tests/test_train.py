@@ -301,12 +301,12 @@ def test_a_kill_after_the_checkpoint_but_before_the_step_is_logged_loses_nothing
 
     hang_at_step_3 = (
         "import time, engine.runlog as runlog\n"
-        "write = runlog._write_parquet\n"
-        "def hang_at_step_3(arrow, path):\n"
-        "    if '.tmp-step-000000003.' in str(path):\n"
+        "write = runlog._FolderWriter._write\n"
+        "def hang_at_step_3(folder, table, rows):\n"
+        "    if '.tmp-step-000000003.' in str(folder.tmp):\n"
         "        time.sleep(3600)\n"
-        "    write(arrow, path)\n"
-        "runlog._write_parquet = hang_at_step_3"
+        "    write(folder, table, rows)\n"
+        "runlog._FolderWriter._write = hang_at_step_3"
     )
     proc = train_process(tmp_path, warm_cache, "killed", "--checkpoint-every", "1", before=hang_at_step_3)
     ckpt_dir = tmp_path / "killed" / CHECKPOINT_DIR
