@@ -122,12 +122,13 @@ def pick_run_and_rollout(logs_dir: str, run: str | None) -> tuple[str, int | Non
 
 
 def process_supervised_run(logs_dir: str, preferred: str) -> str:
-    """`preferred` if it logged PRM steps, else the run with the most of them (the PRM page needs one)."""
+    """`preferred` if it was trained with process supervision, else the first run that was (the PRM page's
+    advantages are made of step rewards only there), else `preferred`."""
     from engine.runlog import RunReader
 
-    counts = RunReader(logs_dir).sql("SELECT run, count(*) AS n FROM prm_steps GROUP BY run ORDER BY n DESC")
-    runs = list(counts["run"])
-    return preferred if preferred in runs or not runs else str(runs[0])
+    runs = RunReader(logs_dir).sql(
+        "SELECT run FROM runs WHERE json_extract_string(config, '$.supervision') = 'process' ORDER BY run")["run"]
+    return preferred if preferred in set(runs) or runs.empty else str(runs.iloc[0])
 
 
 def main(argv: list[str] | None = None) -> int:
