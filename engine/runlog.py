@@ -151,7 +151,10 @@ TABLE_SCHEMAS: dict[str, pa.Schema] = {
          ("prompt_id", _I), ("prompt", _S), ("completion", _S), ("answer", _S), ("reward", _F),
          ("reward_correct", _F), ("reward_process", _F), ("reward_length", _F), ("advantage", _F),
          ("length", _I), ("truncated", pa.bool_()), ("filtered", pa.bool_()), ("filter_reason", _S),
-         ("seq_ratio", pa.list_(_F))]
+         ("seq_ratio", pa.list_(_F)),
+         # the process (rank) that sampled the rollout; one reward per reward function as a JSON object
+         # {"name": value} (`reward` stays the total the trainer optimised)
+         ("rank", _I), ("reward_components", _S)]
     ),
     "tokens": pa.schema(
         [("run", _S), ("step", _I), ("rollout_id", _I), ("position", _I), ("token_id", _I), ("token_text", _S),
@@ -173,6 +176,13 @@ TABLE_SCHEMAS: dict[str, pa.Schema] = {
     ),
 }
 DATA_TABLES = tuple(TABLE_SCHEMAS)
+# Columns added after files were first written with SCHEMA_VERSION 1: a file without them is still read (the
+# columns read as NULL) and rewritten with them when compacted, so older runs stay visible and resumable.
+_ADDED_COLUMNS: dict[str, tuple[str, ...]] = {"rollouts": ("rank", "reward_components")}
+_LEGACY_SCHEMAS: dict[str, pa.Schema] = {
+    table: pa.schema([f for f in TABLE_SCHEMAS[table] if f.name not in added])
+    for table, added in _ADDED_COLUMNS.items()
+}
 ALL_TABLES = ("runs", *DATA_TABLES)
 
 # Files are sorted by these keys so that, inside a compacted chunk, Parquet row-group min/max statistics let
@@ -941,7 +951,7 @@ def _merge(data_dir: Path, segments: Sequence[_Segment], rank: int, seq: int, ke
         for part in parts:
             source = pq.ParquetFile(part)
             for i in range(source.num_row_groups):
-                piece = source.read_row_group(i)
+                piece = _with_added_columns(source.read_row_group(i), table)
                 if keep_up_to is not None:
                     piece = piece.filter(pc.less_equal(piece["step"], keep_up_to))
                 buffer.append(piece)
@@ -958,6 +968,16 @@ def _merge(data_dir: Path, segments: Sequence[_Segment], rank: int, seq: int, ke
         if writer is not None:
             writer.close()
     os.rename(tmp, data_dir / name)  # from now on readers prefer the chunk to the folders it replaces
+
+
+def _with_added_columns(piece: pa.Table, table: str) -> pa.Table:
+    """A row group of a file written before `_ADDED_COLUMNS`, in the current schema (new columns NULL)."""
+    schema = TABLE_SCHEMAS[table]
+    if piece.schema.names == schema.names:
+        return piece
+    n = piece.num_rows
+    columns = [piece.column(f.name) if f.name in piece.column_names else pa.nulls(n, f.type) for f in schema]
+    return pa.Table.from_arrays(columns, schema=schema)
 
 
 def _parquet_writer(path: Path, schema: pa.Schema) -> pq.ParquetWriter:
@@ -998,16 +1018,25 @@ def _duckdb_type(arrow_type: pa.DataType) -> str:
 
 
 def _check_file(path: str, table: str) -> str | None:
-    """Cheap validation (footer + schema) before a file enters a view, so one bad file cannot break every query."""
+    """Cheap validation (footer + schema) before a file enters a view, so one bad file cannot break every query.
+
+    None: valid; `_LEGACY`: valid, written before `_ADDED_COLUMNS`; any other string: what is wrong."""
     try:
         schema = pq.read_schema(path)
     except FileNotFoundError:
         return None  # vanished: the view rebuild notices
     except Exception as err:  # pyarrow raises several types for garbage
         return f"damaged or not a Parquet file ({type(err).__name__}: {err})"
-    if not schema.remove_metadata().equals(TABLE_SCHEMAS[table]):
-        return f"not a {table} file of this schema (columns {schema.names})"
-    return None
+    schema = schema.remove_metadata()
+    if schema.equals(TABLE_SCHEMAS[table]):
+        return None
+    if table in _LEGACY_SCHEMAS and schema.equals(_LEGACY_SCHEMAS[table]):
+        return _LEGACY
+    return f"not a {table} file of this schema (columns {schema.names})"
+
+
+_LEGACY = "legacy"
+"""`_check_file`'s answer for a valid file written before `_ADDED_COLUMNS` (readable, new columns NULL)."""
 
 
 def _sql_str(value: str) -> str:
@@ -1018,13 +1047,19 @@ def _columns_ddl(schema: pa.Schema) -> str:
     return ", ".join(f'"{f.name}" {_duckdb_type(f.type)}' for f in schema)
 
 
-def _parquet_source(table: str, paths: list[str]) -> str:
+def _parquet_source(table: str, paths: list[str], legacy: bool = False) -> str:
     """SQL reading `table`'s columns from these files (explicit columns: a `key=value` folder above the logs
-    folder would otherwise add a column)."""
+    folder would otherwise add a column). `legacy`: some files predate `_ADDED_COLUMNS`; a by-name union with
+    the empty table gives them NULL there."""
     listing = ", ".join(_sql_str(p) for p in paths)
     columns = ", ".join(f'"{name}"' for name in TABLE_SCHEMAS[table].names)
-    return (f"SELECT {columns} FROM read_parquet([{listing}], hive_partitioning = true, "
-            "hive_types = {'run': 'VARCHAR'})")
+    source = f"read_parquet([{listing}], hive_partitioning = true, hive_types = {{'run': 'VARCHAR'}}"
+    if legacy:
+        source = (f"(SELECT * FROM _runlog.empty_{table} UNION ALL BY NAME "
+                  f"SELECT * FROM {source}, union_by_name = true))")
+    else:
+        source += ")"
+    return f"SELECT {columns} FROM {source}"
 
 
 # What a query of the reader may be: reading statements only (DESCRIBE, SHOW, SUMMARIZE and WITH are SELECTs to
@@ -1085,6 +1120,7 @@ class RunReader:
         self._seen_segments: set[str] = set()
         self._quarantined: dict[str, str] = {}
         self._verified: set[str] = set()  # files every page of which was decoded once (see `_find_damaged`)
+        self._legacy_files: set[str] = set()  # valid files without `_ADDED_COLUMNS` (see `_parquet_source`)
         self._meta_cache: dict[str, tuple[int, int, dict]] = {}
         if self.logs_dir.exists() and not self.logs_dir.is_dir():
             raise _logs_dir_error(self.logs_dir, NotADirectoryError())
@@ -1295,10 +1331,12 @@ class RunReader:
                 table = entry.name[: -len(".parquet")] if entry.name.endswith(".parquet") else None
                 if table not in TABLE_SCHEMAS:
                     notes.append(f"{_shown(entry.path)}: foreign file in a step folder (ignored)")
-                elif problem := _check_file(entry.path, table):
+                elif (problem := _check_file(entry.path, table)) not in (None, _LEGACY):
                     notes.append(f"{_shown(entry.path)}: {problem} (skipped)")
                 else:
                     found.append((table, entry.path))
+                    if problem == _LEGACY:
+                        self._legacy_files.add(entry.path)
             cached = self._segments[key] = cached or (found, notes)
         self._seen_segments.add(key)
         for table, path in cached[0]:
@@ -1309,7 +1347,8 @@ class RunReader:
 
     def _create_view(self, table: str, paths: list[str]) -> None:
         # No files (an empty run, no process-supervision steps): the right columns, no rows.
-        source = _parquet_source(table, paths) if paths else f"SELECT * FROM _runlog.empty_{table}"
+        legacy = any(p in self._legacy_files for p in paths)
+        source = _parquet_source(table, paths, legacy) if paths else f"SELECT * FROM _runlog.empty_{table}"
         self._con.execute(f"CREATE OR REPLACE VIEW {table} AS {source}")
         self._views[table] = paths
 
@@ -1400,7 +1439,9 @@ class RunReader:
                         for table in DATA_TABLES:
                             out.execute(f"CREATE TABLE {table} ({_columns_ddl(TABLE_SCHEMAS[table])})")
                             if self._views[table]:
-                                out.execute(f"INSERT INTO {table} {_parquet_source(table, self._views[table])}")
+                                paths = self._views[table]
+                                legacy = any(p in self._legacy_files for p in paths)
+                                out.execute(f"INSERT INTO {table} {_parquet_source(table, paths, legacy)}")
                         out.execute(f"CREATE TABLE runs ({_columns_ddl(RUNS_SCHEMA)})")
                         if self._runs_rows:
                             marks = ", ".join("?" * len(RUNS_SCHEMA))

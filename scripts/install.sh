@@ -22,4 +22,5 @@ if ! "$VENV/bin/python" -c 'import torch' 2>/dev/null; then
         $PIP install "$TORCH_SPEC"
     fi
 fi
-$PIP install -e '.[dev]'
+# The test suite covers the TRL adapter, so the test environment has the `trl` extra too.
+$PIP install -e '.[dev,trl]'
