@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import signal
 import sys
 import threading
 import time
@@ -167,7 +168,8 @@ def run_train(args: argparse.Namespace) -> int:
     except KeyboardInterrupt:
         print(f"policylens train: aborted; run {name!r} marked stopped", file=sys.stderr)
         return 130
-    print(f"run {name!r} {status}: {Path(args.logs_dir) / name}")
+    if os.environ.get("RANK", "0") == "0":  # once, not once per torchrun process
+        print(f"run {name!r} {status}: {Path(args.logs_dir) / name}")
     return 0
 
 
@@ -181,10 +183,18 @@ def _launch_torchrun(args: argparse.Namespace, nproc: int, name: str) -> int:
     train_args = _without_nproc(args.argv[args.argv.index("train") + 1 :])
     if args.resume is None and args.run_name is None:
         train_args += ["--run-name", name]
+    launcher = subprocess.Popen(torchrun_command(nproc, train_args))
+    # SIGTERM to this process reaches torchrun, which stops its processes (instead of leaving them orphaned)
+    previous = signal.signal(signal.SIGTERM, lambda signum, frame: launcher.terminate())
     try:
-        code = subprocess.call(torchrun_command(nproc, train_args))
-    except KeyboardInterrupt:  # torchrun passes Ctrl-C on to its processes, which stop after their step
-        code = 130
+        while True:
+            try:
+                code = launcher.wait()
+                break
+            except KeyboardInterrupt:  # torchrun got Ctrl-C too and stops its processes: wait for it
+                continue
+    finally:
+        signal.signal(signal.SIGTERM, previous)
     if code:
         _mark_crashed(args.logs_dir, name)
         print(f"policylens train: torchrun exited with code {code}; run {name!r}: "

@@ -437,7 +437,7 @@ def _train(cfg: TrainConfig, run_name: str, logs_dir: Path, world: World, *, res
         from torch.nn.parallel import DistributedDataParallel
 
         trained = DistributedDataParallel(policy, device_ids=[device.index] if device.type == "cuda" else None,
-                                          broadcast_buffers=False)
+                                          forward_sync_buffers=False)
     run_dir = Path(writer.run_dir)
     saved = start - 1 if resume and ckpt is not None else None  # step of the newest checkpoint on disk
 
@@ -471,14 +471,15 @@ def _train(cfg: TrainConfig, run_name: str, logs_dir: Path, world: World, *, res
     heldout = float("nan")
     try:
         with _StopFlag() as stop:
-            if world.is_main and writer.last_step is None and cfg.eval_every:
-                # ---- step 0: the warm start's held-out accuracy, so every curve starts there
-                ev = run_eval(0)
-                heldout = ev.accuracy_greedy
-                rollouts, tokens, prm = eval_tables(ev, 0, 0, tt, cfg.log_tokens)
-                writer.log_step(0, metrics={"heldout_accuracy": heldout,
-                                            "heldout_accuracy_sampled": ev.accuracy_sampled},
-                                rollouts=rollouts, tokens=tokens, prm_steps=prm, ref_tokens=reference_rows())
+            # ---- step 0 (rank 0): the warm start's held-out accuracy, so every curve starts there
+            if world.broadcast(writer.last_step is None and bool(cfg.eval_every)):
+                if world.is_main:
+                    ev = run_eval(0)
+                    heldout = ev.accuracy_greedy
+                    rollouts, tokens, prm = eval_tables(ev, 0, 0, tt, cfg.log_tokens)
+                    writer.log_step(0, metrics={"heldout_accuracy": heldout,
+                                                "heldout_accuracy_sampled": ev.accuracy_sampled},
+                                    rollouts=rollouts, tokens=tokens, prm_steps=prm, ref_tokens=reference_rows())
                 if cfg.checkpoint_every:
                     checkpoint(0)
             last, final, stopping = start - 1, False, False
