@@ -343,9 +343,11 @@ def train(cfg: TrainConfig, run_name: str, logs_dir: str | Path = "logs", *, res
     world = init_world(resolve_device(cfg.device))
     try:
         with _TerminateAsCrash(world):
-            return _train(cfg, run_name, logs_dir, world, resume=resume, cache_dir=cache_dir,
-                          progress=progress and world.is_main, warm_start_threads=warm_start_threads,
-                          warm_start_progress=warm_start_progress)
+            status = _train(cfg, run_name, logs_dir, world, resume=resume, cache_dir=cache_dir,
+                            progress=progress and world.is_main, warm_start_threads=warm_start_threads,
+                            warm_start_progress=warm_start_progress)
+        world.barrier()  # no rank tears the process group down while another still uses it
+        return status
     finally:
         close_world(world)
 

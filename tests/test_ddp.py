@@ -91,6 +91,7 @@ def _update_worker(rank: int, algo: str, folder: str) -> None:
     try:
         params, records = _one_update(algo, World(rank=rank, size=RANKS))
         torch.save({"params": params, "records": records}, f"{folder}/rank{rank}.pt")
+        dist.barrier()  # neither rank tears the group down while the other still uses it
     finally:
         dist.destroy_process_group()
 
