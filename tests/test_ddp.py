@@ -26,6 +26,8 @@ from engine.distributed import World
 from engine.rollout import Batch, Rollout, token_logprobs
 from engine.tasks import Problem
 
+pytestmark = pytest.mark.slow  # processes of their own, and whole (tiny) training runs
+
 B, P, T, RANKS = 8, 4, 10, 2
 # Rank 0's half has 29 tokens and width 10, rank 1's 19 tokens and width 9: a rank-local token mean or width is wrong.
 LENGTHS = [10, 3, 7, 9, 9, 2, 6, 2]
