@@ -16,6 +16,10 @@ loss and KL.
 
 Step 0 is the warm start: only the held-out evaluation is logged there, so every curve starts at the warm start.
 
+Under torchrun (`policylens train --nproc N`) the same loop runs on every rank, data-parallel: each rank samples
+its share of the global batch, DDP all-reduces the gradients, rank 0 evaluates and checkpoints (engine.distributed
+says how a step is split).
+
 Departures from the papers:
 1. The entropy passed to ASPO's entropy-dependent clip is the current pass's (detached), as in the Archer2.0 code,
    which computes it in the update forward.
@@ -158,9 +162,10 @@ def rank_rng_state(sampler: PromptSampler) -> dict:
 
 
 def seed_rank_streams(sampler: PromptSampler, seed: int, rank: int, after_step: int = 0) -> None:
-    """Fresh RNG streams for `rank`: its own prompt stream and sampling seed (rank 0 with step 0: the single-process
-    run's). `after_step` > 0 gives a rank that joins a resumed run streams of its own, not a replay of step 1's."""
-    sampler.rng.seed(f"prompts:{seed}" if rank == 0 and not after_step else f"prompts:{seed}:rank{rank}:{after_step}")
+    """Seed `rank`'s sampling RNGs (rank 0's at step 0 are the single-process run's). `after_step` > 0: a rank that
+    joins a resumed run also gets a prompt stream of its own, not a replay of its stream from step 1."""
+    if after_step:
+        sampler.rng.seed(f"prompts:{seed}:rank{rank}:after{after_step}")
     torch.manual_seed(rank_seed(seed + after_step, rank))
     random.seed(rank_seed(seed + after_step, rank))
 
