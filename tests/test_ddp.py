@@ -26,8 +26,6 @@ from engine.distributed import World
 from engine.rollout import Batch, Rollout, token_logprobs
 from engine.tasks import Problem
 
-pytestmark = pytest.mark.slow  # processes of their own, and whole (tiny) training runs
-
 B, P, T, RANKS = 8, 4, 10, 2
 # Rank 0's half has 29 tokens and width 10, rank 1's 19 tokens and width 9: a rank-local token mean or width is wrong.
 LENGTHS = [10, 3, 7, 9, 9, 2, 6, 2]
@@ -98,6 +96,7 @@ def _update_worker(rank: int, algo: str, folder: str) -> None:
         dist.destroy_process_group()
 
 
+@pytest.mark.slow  # two processes of their own
 @pytest.mark.parametrize("algo", ["dapo", "grpo", "dr_grpo", "gspo"])  # the four aggregations
 def test_one_update_on_two_ranks_equals_one_process_on_the_whole_batch(tmp_path, algo):
     torch.multiprocessing.spawn(_update_worker, args=(algo, str(tmp_path)), nprocs=RANKS, join=True)
@@ -125,6 +124,22 @@ def _one_update_start():
 # ----------------------------------------------------------------------------- whole runs under torchrun
 
 
+@pytest.mark.parametrize(("flags", "message"), [
+    (["--nproc", "3"], "batch_size must be a multiple of group_size x nproc = 12"),
+    (["--nproc", "2", "--batch-size", "8", "--minibatches", "8"], "fewer than the 8 mini-batches"),
+    (["--nproc", "2", "--algo", "ppo"], "--algo ppo trains a critic"),
+    (["--nproc", "0"], "--nproc must be >= 1"),
+])
+def test_a_batch_that_cannot_be_split_over_the_processes_is_refused_before_anything_starts(tmp_path, capsys, flags,
+                                                                                          message):
+    from engine.cli import main
+
+    assert main(["train", "--logs-dir", str(tmp_path), "--batch-size", "16", "--group-size", "4", "--run-name", "x",
+                 *flags]) != 0
+    assert message in capsys.readouterr().err
+    assert not (tmp_path / "x").exists()
+
+
 def _train_command(logs_dir, cache_dir, *args: str) -> list[str]:
     flags = []
     for key, value in TINY.items():
@@ -139,6 +154,7 @@ def _reader(logs_dir):
     return RunReader(logs_dir)
 
 
+@pytest.mark.slow
 def test_a_two_rank_run_logs_both_ranks_and_metrics_of_the_whole_batch(tmp_path, warm_cache):
     done = subprocess.run(_train_command(tmp_path, warm_cache, "--nproc", "2", "--algo", "dapo", "--steps", "2",
                                          "--run-name", "dp"), capture_output=True, text=True, timeout=900)
@@ -187,6 +203,7 @@ def _logged_steps(run_dir: Path, rank: int) -> list[int]:
     return [] if last is None else list(range(1, last + 1))
 
 
+@pytest.mark.slow
 def test_killing_one_rank_marks_the_run_crashed_and_it_resumes_on_another_number_of_ranks(tmp_path, warm_cache):
     from engine.runlog import list_runs
 
