@@ -246,3 +246,13 @@ def test_killing_one_rank_marks_the_run_crashed_and_it_resumes_on_another_number
     two = [s for s, r in ranks.items() if r == (0, 1)]
     assert two == list(range(1, two[-1] + 1)) and two[-1] <= killed_at
     assert all(r == (0,) for s, r in ranks.items() if s > two[-1])
+
+    # and back on two processes: rank 1 joins with streams of its own
+    done = subprocess.run(_train_command(tmp_path, warm_cache, "--resume", "dp-kill", "--nproc", "2", "--steps",
+                                         str(steps + 1)), capture_output=True, text=True, timeout=900)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert json.loads((run_dir / "run.json").read_text())["status"] == "finished"
+    with _reader(tmp_path) as reader:
+        last = reader.sql("SELECT rank, count(*) AS n FROM rollouts WHERE run = 'dp-kill' AND step = ? "
+                          "AND kind = 'train' AND NOT filtered GROUP BY rank ORDER BY rank", [steps + 1])
+    assert last.values.tolist() == [[0, 8], [1, 8]]
