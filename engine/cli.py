@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import signal
 import sys
 import threading
 import time
@@ -28,6 +29,8 @@ TRAIN_EXAMPLES = """examples:
   policylens train --algo grpo --supervision process --run-name grpo-prm
   policylens train --config my.json --eps-high 0.3 --run-name custom     (file, then flags)
   policylens train --resume dapo-linear --steps 300                      (continue, same step numbering)
+  policylens train --nproc 2 --algo dapo --run-name dapo-2               (2 data-parallel processes, torchrun)
+  torchrun --nproc_per_node 2 -m engine.cli train --algo dapo --run-name dapo-2              (the same, by hand)
 """
 
 # Fields that may change when a run is resumed; the rest of the saved config is the run's identity.
@@ -56,6 +59,9 @@ def add_train_command(subparsers) -> None:
                         "--threads; 0: one per core, at most 4)")
     parser.add_argument("--warm-start-progress", metavar="FILE",
                         help="keep {step, steps, loss} of the warm start's SFT in this JSON file while it trains")
+    parser.add_argument("--nproc", type=int, default=None, metavar="N",
+                        help="train data-parallel on N processes on this machine (starts torchrun; the batch size "
+                        "is global, split over the processes in whole groups)")
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
     parser.add_argument("--print-config", action="store_true", help="print the resolved config as JSON and exit")
     add_config_arguments(parser)
@@ -133,6 +139,22 @@ def run_train(args: argparse.Namespace) -> int:
     if args.print_config:
         print(json.dumps(cfg.to_dict(), indent=2))
         return 0
+    from engine.distributed import check_world, launched_by_torchrun, world_size_from_env
+
+    under_torchrun = launched_by_torchrun()
+    nproc = args.nproc if args.nproc is not None else world_size_from_env()
+    try:
+        check_world(cfg, nproc)
+    except ConfigError as err:
+        return _fail("train", err)
+    if under_torchrun and args.nproc is not None and args.nproc != world_size_from_env():
+        return _fail("train", f"--nproc {args.nproc} under torchrun, which started {world_size_from_env()} "
+                     "processes: leave --nproc out (torchrun's --nproc_per_node sets it)")
+    if under_torchrun and world_size_from_env() > 1 and args.resume is None and args.run_name is None:
+        return _fail("train", "name the run (--run-name) when starting it with torchrun: every process must log "
+                     "into the same run")
+    if nproc > 1 and not under_torchrun:
+        return _launch_torchrun(args, nproc, name)
 
     from engine.rollout import DynamicSamplingError
     from engine.train import train
@@ -146,8 +168,70 @@ def run_train(args: argparse.Namespace) -> int:
     except KeyboardInterrupt:
         print(f"policylens train: aborted; run {name!r} marked stopped", file=sys.stderr)
         return 130
-    print(f"run {name!r} {status}: {Path(args.logs_dir) / name}")
+    if os.environ.get("RANK", "0") == "0":  # once, not once per torchrun process
+        print(f"run {name!r} {status}: {Path(args.logs_dir) / name}")
     return 0
+
+
+def _launch_torchrun(args: argparse.Namespace, nproc: int, name: str) -> int:
+    """`policylens train --nproc N ...`: the same command on N processes started by torchrun on this machine, the
+    run's name fixed here so that every process logs into the same run."""
+    import subprocess
+
+    from engine.distributed import torchrun_command
+
+    train_args = _without_nproc(args.argv[args.argv.index("train") + 1 :])
+    if args.resume is None and args.run_name is None:
+        train_args += ["--run-name", name]
+    launcher = subprocess.Popen(torchrun_command(nproc, train_args))
+    # SIGTERM to this process reaches torchrun, which stops its processes (instead of leaving them orphaned)
+    previous = signal.signal(signal.SIGTERM, lambda signum, frame: launcher.terminate())
+    try:
+        while True:
+            try:
+                code = launcher.wait()
+                break
+            except KeyboardInterrupt:  # torchrun got Ctrl-C too and stops its processes: wait for it
+                continue
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+    if code:
+        _mark_crashed(args.logs_dir, name)
+        print(f"policylens train: torchrun exited with code {code}; run {name!r}: "
+              f"{_run_status(args.logs_dir, name)}", file=sys.stderr)
+    return code
+
+
+def _without_nproc(argv: list[str]) -> list[str]:
+    out, skip = [], False
+    for arg in argv:
+        if skip:
+            skip = False
+        elif arg == "--nproc":
+            skip = True
+        elif not arg.startswith("--nproc="):
+            out.append(arg)
+    return out
+
+
+def _mark_crashed(logs_dir: str, name: str) -> None:
+    """After torchrun failed: a run.json still saying `running` (rank 0 was killed before it could record
+    anything) says `crashed`. Nothing happens when the run does not exist or a writer still holds it."""
+    import json
+
+    from engine.runlog import RunLogError, RunWriter
+
+    try:
+        if json.loads((Path(logs_dir) / name / "run.json").read_text()).get("status") == "running":
+            RunWriter.resume(logs_dir, name, background=False).close("crashed")  # fails while a writer holds it
+    except (RunLogError, OSError, ValueError):
+        pass
+
+
+def _run_status(logs_dir: str, name: str) -> str:
+    from engine.runlog import list_runs
+
+    return next((r["status"] for r in list_runs(logs_dir) if r["run"] == name), "not created")
 
 
 def add_warmstart_command(subparsers) -> None:
@@ -667,9 +751,10 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    argv = sys.argv[1:] if argv is None else argv
+    argv = list(sys.argv[1:] if argv is None else argv)
     command = next((a for a in argv if not a.startswith("-")), None)  # the subcommand: no option precedes it
     args = build_parser(command).parse_args(argv)
+    args.argv = argv  # `train --nproc` starts the same command again under torchrun
     return args.func(args) or 0
 
 

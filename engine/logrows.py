@@ -6,6 +6,9 @@ the column dicts `engine.runlog.RunWriter.log_step` takes:
     metrics = step_metrics(batch, records, ev, cfg)          # one `steps` row
     tables = step_tables(batch, records, ev, cfg, tt)        # rollouts, tokens, token_passes, prm_steps
 
+With several ranks (engine.distributed) each rank writes its own rows, numbered by `RankIds` so that ids stay
+unique across ranks, and rank 0 writes the metrics of the whole batch from the ranks' summed `StepTotals`.
+
 Reading (dashboard.recompute): `batch_from_tokens(rows)` turns long token rows (one row per completion token, with
 the new log-prob of one pass) back into padded (B, T) tensors, ready for engine.objectives.policy_loss.
 
@@ -45,6 +48,7 @@ class PassRecord:
     kl: torch.Tensor | None  # (b, T) k3 KL to pi_ref, None without a reference
     seq_ratio: torch.Tensor | None  # (b,) the sequence ratio of sequence-level objectives, else None
     loss: float
+    """This process's share of the pass's loss (with several ranks the shares add up to the loss)."""
     grad_norm: float
 
 
@@ -70,11 +74,12 @@ def pass_record(idx: torch.Tensor, T: int, logp: torch.Tensor, out: PolicyLossOu
 
 
 def _rollout_rows(rollouts: list[Rollout], kind: str, first_id: int, group_offset: int,
-                  seq_ratios=None) -> dict[str, list]:
+                  seq_ratios=None, rank: int = 0) -> dict[str, list]:
     cols: dict[str, list] = {k: [] for k in (
         "rollout_id", "group_id", "index_in_group", "kind", "prompt_id", "prompt", "completion", "answer", "reward",
         "reward_correct", "reward_process", "reward_length", "advantage", "length", "truncated", "filtered",
         "filter_reason", "seq_ratio")}
+    cols["rank"] = [rank] * len(rollouts)
     for i, r in enumerate(rollouts):
         cols["rollout_id"].append(first_id + i)
         cols["group_id"].append(group_offset + r.group_id)
@@ -143,14 +148,14 @@ def _prm_rows(rollouts: list[Rollout], first_id: int) -> dict[str, list]:
     return cols
 
 
-def _pass_rows(records: list[PassRecord], batch: Batch) -> dict[str, np.ndarray]:
+def _pass_rows(records: list[PassRecord], batch: Batch, first_id: int = 0) -> dict[str, np.ndarray]:
     parts: dict[str, list] = {k: [] for k in (
         "pass", "rollout_id", "position", "new_logp", "ratio", "clip", "grad_weight", "token_loss", "kl")}
     for p, rec in enumerate(records):
         keep = batch.token_mask[rec.idx].cpu() > 0  # (b, T)
         rows, cols = keep.nonzero(as_tuple=True)
         parts["pass"].append(np.full(len(rows), p, dtype=np.int64))
-        parts["rollout_id"].append(rec.idx[rows].numpy().astype(np.int64))
+        parts["rollout_id"].append(first_id + rec.idx[rows].numpy().astype(np.int64))
         parts["position"].append(cols.numpy().astype(np.int64))
         for name in ("new_logp", "ratio", "grad_weight", "token_loss"):
             parts[name].append(getattr(rec, name)[keep].numpy().astype(np.float64))
@@ -186,67 +191,141 @@ def _concat(a: dict | None, b: dict | None) -> dict | None:
     return out
 
 
-def step_metrics(batch: Batch, records: list[PassRecord], ev: EvalResult | None, cfg, critic_stats=None) -> dict:
-    """One `steps` row. Rewards, accuracy and lengths cover every sampled rollout of the step (dropped groups
-    included, so DAPO's training accuracy is not biased towards 50%); clip fractions are over loss tokens of all
-    passes; KL is the mean per-token k3 KL to pi_ref over the loss tokens of each pass, averaged over passes.
-    `critic_stats` (engine.critic.CriticStats) adds the critic's columns."""
+@dataclass
+class StepTotals:
+    """The additive sums and counts of one step (and two maxima) that its metrics are computed from.
+
+    With several ranks each rank fills in its own share (`step_totals`) and `reduced` adds the shares up over the
+    ranks, so the metrics are those of the whole global batch, not of rank 0's part of it."""
+
+    sums: dict[str, float]
+    maxima: dict[str, float]
+
+    def reduced(self, world) -> StepTotals:
+        """Sums added and maxima taken over the ranks of `world` (engine.distributed.World)."""
+        sums = world.all_reduce(list(self.sums.values()), "sum")
+        maxima = world.all_reduce(list(self.maxima.values()), "max")
+        return StepTotals(dict(zip(self.sums, sums, strict=True)), dict(zip(self.maxima, maxima, strict=True)))
+
+
+def step_totals(batch: Batch, records: list[PassRecord], cfg) -> StepTotals:
+    """This process's sums and counts for `step_metrics` (per pass: its loss share, KL and loss tokens)."""
     tm = batch.token_mask.cpu()  # (B, T)
     lm = batch.loss_mask.cpu()  # (B, T)
-    n_loss_tokens = max(1.0, sum(float(lm[r.idx].sum()) for r in records))  # every pass's own loss tokens
-    clip_counts = {c: sum(float(((r.clip == c) & (lm[r.idx] > 0)).sum()) for r in records)
-                   for c in CLIP_EVENTS}
-    kls = [float((r.kl * lm[r.idx]).sum() / lm[r.idx].sum().clamp(min=1)) for r in records if r.kl is not None]
     every = batch.rollouts + batch.dropped
-    rewards = np.array([r.reward for r in every])
-    lengths = np.array([r.length for r in every])
+    rewards = np.array([r.reward for r in every], dtype=np.float64)
+    sums = {
+        "rollouts": float(len(every)),
+        "reward": float(rewards.sum()),
+        "reward_sq": float((rewards**2).sum()),
+        "correct": float(sum(r.reward_correct for r in every)),
+        "length": float(sum(r.length for r in every)),
+        "truncated": float(sum(r.truncated for r in every)),
+        "entropy": float((batch.entropy.cpu() * tm).sum()),
+        "completion_tokens": float(tm.sum()),
+        "loss_tokens": float(sum(float(lm[r.idx].sum()) for r in records)),  # every pass's own loss tokens
+        "groups_filtered": float(len(batch.dropped) // cfg.group_size),
+        **{f"clip_{c}": sum(float(((r.clip == c) & (lm[r.idx] > 0)).sum()) for r in records) for c in CLIP_EVENTS},
+    }
+    for p, rec in enumerate(records):
+        sums[f"loss_{p}"] = rec.loss
+        if rec.kl is not None:
+            sums[f"kl_{p}"] = float((rec.kl * lm[rec.idx]).sum())
+            sums[f"kl_tokens_{p}"] = float(lm[rec.idx].sum())
+    maxima = {"length": float(max((r.length for r in every), default=0)), "gen_batches": float(batch.gen_batches)}
+    return StepTotals(sums, maxima)
+
+
+def step_metrics(batch: Batch, records: list[PassRecord], ev: EvalResult | None, cfg, critic_stats=None,
+                 totals: StepTotals | None = None) -> dict:
+    """One `steps` row. Rewards, accuracy and lengths cover every sampled rollout of the step (dropped groups
+    included, so DAPO's training accuracy is not biased towards 50%); clip fractions are over loss tokens of all
+    passes; KL is the mean per-token k3 KL to pi_ref over the loss tokens of each pass, averaged over passes; loss
+    is the mean over passes. `totals`: the step's sums over every rank (StepTotals.reduced; default: this process's
+    own, `step_totals`). `critic_stats` (engine.critic.CriticStats) adds the critic's columns."""
+    t = totals if totals is not None else step_totals(batch, records, cfg)
+    s, n = t.sums, t.sums["rollouts"]
+    n_loss_tokens = max(1.0, s["loss_tokens"])
+    mean_reward = s["reward"] / n
+    # sample variance from the sums (ddof = 1); clamped at 0 against rounding when every reward is equal
+    reward_var = max(0.0, s["reward_sq"] - n * mean_reward**2) / (n - 1) if n > 1 else 0.0
+    kls = [s[f"kl_{p}"] / max(1.0, s[f"kl_tokens_{p}"]) for p in range(len(records)) if f"kl_{p}" in s]
     return {
-        "reward_mean": float(rewards.mean()),
-        "reward_std": float(rewards.std(ddof=1)) if len(rewards) > 1 else 0.0,
-        "accuracy": float(np.mean([r.reward_correct for r in every])),
+        "reward_mean": mean_reward,
+        "reward_std": float(np.sqrt(reward_var)),
+        "accuracy": s["correct"] / n,
         "heldout_accuracy": ev.accuracy_greedy if ev else None,
         "heldout_accuracy_sampled": ev.accuracy_sampled if ev else None,
-        "entropy": float((batch.entropy.cpu() * tm).sum() / tm.sum()),
+        "entropy": s["entropy"] / s["completion_tokens"],
         "kl": float(np.mean(kls)) if kls else None,
-        "clip_low_frac": clip_counts[CLIP_LOW] / n_loss_tokens,
-        "clip_high_frac": clip_counts[CLIP_HIGH] / n_loss_tokens,
-        "clip_dual_frac": clip_counts[CLIP_CAP] / n_loss_tokens,
-        "response_len_mean": float(lengths.mean()),
-        "response_len_max": int(lengths.max()),
-        "truncated_frac": float(np.mean([r.truncated for r in every])),
+        "clip_low_frac": s[f"clip_{CLIP_LOW}"] / n_loss_tokens,
+        "clip_high_frac": s[f"clip_{CLIP_HIGH}"] / n_loss_tokens,
+        "clip_dual_frac": s[f"clip_{CLIP_CAP}"] / n_loss_tokens,
+        "response_len_mean": s["length"] / n,
+        "response_len_max": int(t.maxima["length"]),
+        "truncated_frac": s["truncated"] / n,
         "groups_kept": cfg.prompts_per_step,
-        "groups_filtered": len(batch.dropped) // cfg.group_size,
-        "gen_batches": batch.gen_batches,
-        "loss": float(np.mean([r.loss for r in records])),
-        "grad_norm": float(np.mean([r.grad_norm for r in records])),
+        "groups_filtered": int(s["groups_filtered"]),
+        "gen_batches": int(t.maxima["gen_batches"]),
+        "loss": float(np.mean([s[f"loss_{p}"] for p in range(len(records))])),
+        "grad_norm": float(np.mean([r.grad_norm for r in records])),  # of the all-reduced gradient: equal on ranks
         "lr": cfg.lr,
         **(critic_stats.metrics() if critic_stats is not None else {}),
     }
 
 
-def step_tables(batch: Batch, records: list[PassRecord], ev: EvalResult | None, cfg, tt: TokenText) -> dict:
-    """The step's rows for engine.runlog (ids numbered as the module docstring says). A rollout's `seq_ratio` lists
-    its sequence ratio at each pass that used it, for sequence-level objectives."""
-    B = len(batch.rollouts)
+@dataclass(frozen=True)
+class RankIds:
+    """Where one rank's rollouts sit in the step's numbering, so that rollout and group ids are unique across ranks:
+    the kept batches of ranks 0..N-1 in rank order, then their dropped groups in rank order, then the held-out
+    rollouts. A single process is `RankIds()` with its own counts (the numbering of the module docstring)."""
+
+    rank: int = 0
+    kept_before: int = 0  # kept rollouts of the lower ranks
+    dropped_before: int = 0  # dropped rollouts of the lower ranks
+    kept_total: int | None = None  # kept rollouts of all ranks (None: this batch's own)
+    dropped_total: int | None = None
+
+    @classmethod
+    def gather(cls, world, batch: Batch) -> RankIds:
+        """Every rank's counts, exchanged over `world` (engine.distributed.World)."""
+        counts = world.all_gather((len(batch.rollouts), len(batch.dropped)))
+        return cls(rank=world.rank, kept_before=sum(k for k, _ in counts[: world.rank]),
+                   dropped_before=sum(d for _, d in counts[: world.rank]),
+                   kept_total=sum(k for k, _ in counts), dropped_total=sum(d for _, d in counts))
+
+
+def step_tables(batch: Batch, records: list[PassRecord], ev: EvalResult | None, cfg, tt: TokenText,
+                ids: RankIds | None = None) -> dict:
+    """The step's rows for engine.runlog (ids numbered as the module docstring says; `ids`: this rank's place in
+    that numbering). A rollout's `seq_ratio` lists its sequence ratio at each pass that used it, for
+    sequence-level objectives."""
+    ids = ids or RankIds()
+    G, B = cfg.group_size, len(batch.rollouts)
+    kept_total = B if ids.kept_total is None else ids.kept_total
+    dropped_total = len(batch.dropped) if ids.dropped_total is None else ids.dropped_total
+    first_kept, first_dropped = ids.kept_before, kept_total + ids.dropped_before
+    # group ids: kept groups are numbered 0..B/G-1 in the batch, dropped ones from B/G (engine.rollout)
+    dropped_groups = kept_total // G + ids.dropped_before // G - B // G
     seq_ratios = None
     if any(rec.seq_ratio is not None for rec in records):
         seq_ratios = [[] for _ in range(B)]
         for rec in records:
             for i, s in zip(rec.idx.tolist(), rec.seq_ratio.tolist(), strict=True):
                 seq_ratios[i].append(s)
-    rollouts = _rollout_rows(batch.rollouts, "train", 0, 0, seq_ratios)
-    rollouts = _concat(rollouts, _rollout_rows(batch.dropped, "train", B, 0))
+    rollouts = _rollout_rows(batch.rollouts, "train", first_kept, ids.kept_before // G, seq_ratios, ids.rank)
+    rollouts = _concat(rollouts, _rollout_rows(batch.dropped, "train", first_dropped, dropped_groups,
+                                               rank=ids.rank))
     tokens = passes = prm = None
     if cfg.log_tokens:
         critic = (batch.values, batch.returns, batch.kl_reward) if batch.values is not None else None
-        tokens = _token_rows(batch.rollouts, 0, tt, batch.old_logp, batch.ref_logp, batch.entropy,
+        tokens = _token_rows(batch.rollouts, first_kept, tt, batch.old_logp, batch.ref_logp, batch.entropy,
                              batch.advantages, critic)
-        passes = _pass_rows(records, batch)
-        prm = _concat(_prm_rows(batch.rollouts, 0), _prm_rows(batch.dropped, B))
+        passes = _pass_rows(records, batch, first_kept)
+        prm = _concat(_prm_rows(batch.rollouts, first_kept), _prm_rows(batch.dropped, first_dropped))
     if ev is not None:
-        first = B + len(batch.dropped)
-        groups = cfg.prompts_per_step + len(batch.dropped) // cfg.group_size
-        e_roll, e_tok, e_prm = eval_tables(ev, first, groups, tt, cfg.log_tokens)
+        first = kept_total + dropped_total
+        e_roll, e_tok, e_prm = eval_tables(ev, first, (kept_total + dropped_total) // G, tt, cfg.log_tokens)
         rollouts = _concat(rollouts, e_roll)
         tokens, prm = _concat(tokens, e_tok), _concat(prm, e_prm)
     return {"rollouts": rollouts, "tokens": tokens, "token_passes": passes, "prm_steps": prm}

@@ -97,6 +97,7 @@ __all__ = [
     "RATIO_LEVELS",
     "SAPO_SOFT_CAP_LEVEL",
     "SURROGATES",
+    "BatchTotals",
     "Objective",
     "PolicyLossOutput",
     "aggregation_weights",
@@ -349,21 +350,35 @@ def k3_kl(logp: torch.Tensor, ref_logp: torch.Tensor) -> torch.Tensor:
     return torch.exp(delta) - delta - 1.0
 
 
-def aggregation_weights(mask: torch.Tensor, aggregation: str, max_len: int | None = None) -> torch.Tensor:
+@dataclass(frozen=True)
+class BatchTotals:
+    """The normalisers of a mini-batch split over several processes (engine.distributed): its row count, loss-token
+    count and width over every rank, so each rank's aggregation weights are those of the whole mini-batch."""
+
+    rows: float
+    tokens: float
+    width: float
+
+
+def aggregation_weights(mask: torch.Tensor, aggregation: str, max_len: int | None = None,
+                        totals: BatchTotals | None = None) -> torch.Tensor:
     """a[i, t] such that loss = sum(a * token_loss). Constants (no gradient), 0 on masked tokens.
 
     seq-mean-token-mean / seq-mean: 1 / (B * |o_i|); token-mean: 1 / sum_i |o_i|;
     seq-mean-token-sum-norm: 1 / (B * max_len), max_len defaulting to T.
+    `totals`: B, sum_i |o_i| and T of the whole mini-batch when `mask` is one rank's part of it (default: `mask`'s).
     """
     B, T = mask.shape
     m = mask.to(torch.get_default_dtype()) if not mask.is_floating_point() else mask
+    rows = B if totals is None else totals.rows
+    width = T if totals is None else totals.width
     lengths = m.sum(-1, keepdim=True).clamp(min=1.0)  # (B, 1) empty rows contribute 0, still count in B
     if aggregation in ("seq-mean-token-mean", "seq-mean"):
-        return m / (B * lengths)  # (B, T)
+        return m / (rows * lengths)  # (B, T)
     if aggregation == "token-mean":
-        return m / m.sum().clamp(min=1.0)  # (B, T)
+        return m / (m.sum().clamp(min=1.0) if totals is None else max(totals.tokens, 1.0))  # (B, T)
     if aggregation == "seq-mean-token-sum-norm":
-        return m / (B * (T if max_len is None else max_len))  # (B, T)
+        return m / (rows * (width if max_len is None else max_len))  # (B, T)
     raise ValueError(f"unknown aggregation {aggregation!r}; accepted: {', '.join(AGGREGATIONS)}")
 
 
@@ -534,12 +549,14 @@ def policy_loss(
     mask: torch.Tensor,
     ref_logp: torch.Tensor | None = None,
     entropy: torch.Tensor | None = None,
+    totals: BatchTotals | None = None,
     **overrides: Any,
 ) -> PolicyLossOutput:
     """Loss and per-token diagnostics of `algo` (one of ALGORITHMS) on a batch of completions.
 
     logp, old_logp, ref_logp, mask, entropy: (B, T); advantages: (B,) per sequence or (B, T) per token.
     mask is 1 on completion tokens (bool, int or float 0/1). entropy only matters for ASPO's clip ranges.
+    totals: the whole mini-batch's normalisers when this is one rank's part of it (aggregation_weights).
     overrides: any key of `defaults(algo)` (eps_low, eps_high, beta, aggregation, max_len, and per algorithm
     dual_clip, eps_high_entropy, entropy_quantile, tau_pos, tau_neg). Raises ValueError on bad input.
     """
@@ -595,7 +612,7 @@ def policy_loss(
     pg_loss, h, codes = _surrogate(obj.surrogate, log_rho, adv, p, eps_low, eps_high)
     if level_codes is not None:
         codes = level_codes.to(torch.int8)
-    a = aggregation_weights(m, p["aggregation"], p["max_len"])  # (B, T)
+    a = aggregation_weights(m, p["aggregation"], p["max_len"], totals)  # (B, T)
 
     token_loss = pg_loss  # (B, T)
     kl = None

@@ -37,6 +37,7 @@ import torch
 import torch.nn.functional as F
 
 from engine.advantages import group_advantages, normalized_step_rewards, process_advantages
+from engine.distributed import World
 from engine.rewards import overlong_penalty
 from engine.tasks import Problem, StepScore, Task
 
@@ -124,9 +125,10 @@ class Batch:
 class PromptSampler:
     """Draws training prompts with its own seeded RNG, so the prompt stream is reproducible and checkpointable."""
 
-    def __init__(self, problems: Sequence[Problem], seed: int):
+    def __init__(self, problems: Sequence[Problem], seed: int, rank: int = 0):
         self.problems = problems
-        self.rng = random.Random(f"prompts:{seed}")
+        # each rank of a data-parallel run draws its own stream (rank 0's is the single-process run's)
+        self.rng = random.Random(f"prompts:{seed}" if rank == 0 else f"prompts:{seed}:rank{rank}")
 
     def draw(self, n: int) -> list[Problem]:
         return self.rng.sample(list(self.problems), n) if n <= len(self.problems) else self.rng.choices(
@@ -338,33 +340,43 @@ def _pad_cat(tensors: list[torch.Tensor], prompt_lens: list[int], pad_id: int) -
     return torch.cat(out, dim=0), P
 
 
-def collect_batch(policy, ref, tokenizer, task: Task, sampler: PromptSampler, cfg, tt: TokenText | None = None
-                  ) -> Batch:
-    """Sample, score, (dynamically) filter and compute advantages and old/ref log-probs for one training step."""
+def collect_batch(policy, ref, tokenizer, task: Task, sampler: PromptSampler, cfg, tt: TokenText | None = None,
+                  world: World | None = None) -> Batch:
+    """Sample, score, (dynamically) filter and compute advantages and old/ref log-probs for one training step.
+
+    With several ranks (`world`, engine.distributed) this is one rank's share: batch_size / N completions in whole
+    groups. Dynamic sampling then fills the global batch: after every generation round the ranks all-reduce how
+    many groups they kept and go on until the sum reaches the global count; a rank whose share is full sits the
+    next rounds out (draws nothing), and a rank's groups beyond its share are discarded, so every rank ends with
+    the same number of rows (and of mini-batches)."""
     tt = tt or TokenText(tokenizer)
-    G, n_groups = cfg.group_size, cfg.prompts_per_step
+    world = world or World()
+    G, n_groups = cfg.group_size, cfg.prompts_per_step // world.size  # this rank's groups
     kept: list[list[Rollout]] = []  # groups
     kept_rows: list[tuple[torch.Tensor, torch.Tensor, int]] = []  # per group: input_ids, attention_mask, P
     dropped: list[Rollout] = []
     gen_batches = 0
     group_counter = 0
-    while len(kept) < n_groups:
+    kept_everywhere = 0  # groups kept by all ranks together
+    while kept_everywhere < n_groups * world.size:
         if gen_batches >= cfg.max_gen_batches:
             reasons: dict[str, int] = {}
             for r in dropped[::G]:
                 reasons[r.filter_reason] = reasons.get(r.filter_reason, 0) + 1
             raise DynamicSamplingError(
-                f"dynamic sampling kept only {len(kept)} of {n_groups} groups after {gen_batches} generation "
-                f"batches (dropped: {reasons or 'none'}): the policy's groups are almost all correct or all wrong. "
-                "Raise --max-gen-batches, raise --group-size, use an easier/harder task, or --no-dynamic-sampling."
+                f"dynamic sampling kept only {kept_everywhere} of {n_groups * world.size} groups after "
+                f"{gen_batches} generation batches (dropped: {reasons or 'none'}): the policy's groups are almost "
+                "all correct or all wrong. Raise --max-gen-batches, raise --group-size, use an easier/harder task, "
+                "or --no-dynamic-sampling."
             )
         # Refill batches ask for twice the missing groups, not a full batch: most of it would be discarded.
         missing = n_groups - len(kept)
-        problems = sampler.draw(n_groups if gen_batches == 0 else min(n_groups, 2 * missing))
-        rollouts, input_ids, attention_mask, P = sample_groups(policy, tokenizer, tt, task, problems, cfg,
-                                                               group_counter)
-        group_counter += len(problems)
+        problems = sampler.draw(n_groups if gen_batches == 0 else min(n_groups, 2 * missing)) if missing else []
         gen_batches += 1
+        if problems:
+            rollouts, input_ids, attention_mask, P = sample_groups(policy, tokenizer, tt, task, problems, cfg,
+                                                                   group_counter)
+            group_counter += len(problems)
         for g in range(len(problems)):
             group = rollouts[g * G : (g + 1) * G]
             reason = group_signal(group, cfg.supervision) if cfg.dynamic_sampling else None
@@ -378,6 +390,7 @@ def collect_batch(policy, ref, tokenizer, task: Task, sampler: PromptSampler, cf
                 kept_rows.append((input_ids[sl], attention_mask[sl], P))
         if not cfg.dynamic_sampling:
             break
+        kept_everywhere = int(world.all_reduce([len(kept)])[0])
 
     # Renumber kept groups 0..n_groups-1 so that group g holds rows g*G..g*G+G-1 of the batch tensors.
     rollouts = [r for group in kept for r in group]

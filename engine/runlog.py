@@ -574,6 +574,15 @@ def _run_info(run_dir: Path, meta: dict, last_step: int | None) -> dict[str, Any
     }
 
 
+def last_steps_by_rank(run_dir: str | os.PathLike) -> dict[int, int]:
+    """The last complete logged step of each rank that logged any (a resumed data-parallel run checks that every
+    rank finished the step it restarts from)."""
+    last: dict[int, int] = {}
+    for seg in _scan_segments(data_dir_of(Path(run_dir))):
+        last[seg.rank] = max(last.get(seg.rank, seg.last), seg.last)
+    return last
+
+
 def list_runs(logs_dir: str | os.PathLike, problems: list[str] | None = None) -> list[dict[str, Any]]:
     """The runs under `logs_dir`, oldest first, as dicts with the columns of the `runs` table (`config` as a
     dict, `last_step` the last step on disk). Quick: reads run.json files and folder names, no Parquet.
