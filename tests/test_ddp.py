@@ -15,6 +15,7 @@ import signal
 import subprocess
 import sys
 import time
+import types
 from pathlib import Path
 
 import numpy as np
@@ -98,7 +99,10 @@ def _update_worker(rank: int, algo: str, folder: str) -> None:
 
 @pytest.mark.slow  # two processes of their own
 @pytest.mark.parametrize("algo", ["dapo", "grpo", "dr_grpo", "gspo"])  # the four aggregations
-def test_one_update_on_two_ranks_equals_one_process_on_the_whole_batch(tmp_path, algo):
+def test_one_update_on_two_ranks_equals_one_process_on_the_whole_batch(tmp_path, algo, monkeypatch):
+    # Spawned processes re-run the parent's __main__ module; after a Streamlit AppTest in the same session that is
+    # the dashboard script. A bare __main__ makes them import only this test module.
+    monkeypatch.setitem(sys.modules, "__main__", types.ModuleType("__main__"))
     torch.multiprocessing.spawn(_update_worker, args=(algo, str(tmp_path)), nprocs=RANKS, join=True)
     single, single_records = _one_update(algo, None)
     ranks = [torch.load(tmp_path / f"rank{r}.pt") for r in range(RANKS)]
