@@ -325,7 +325,7 @@ class PolicyLensGRPOTrainer(GRPOTrainer):
         rewards = self._policylens_rewards[first:first + n].float().cpu()  # (n, F)
         total = (rewards * self.reward_weights.unsqueeze(0)).nansum(dim=1)
         total[torch.isnan(rewards).all(dim=1)] = float("nan")  # unscorable, as TRL logs it
-        lengths = output["completion_mask"].sum(-1)  # (n,)
+        lengths = output["completion_mask"].sum(-1).long()  # (n,)
         last = ids.gather(1, (lengths - 1).clamp(min=0).unsqueeze(1)).squeeze(1)  # (n,) last token kept
         eos = torch.tensor(list(self.eos_token_ids), device=ids.device, dtype=ids.dtype)
         truncated = (lengths == 0) | ~torch.isin(last, eos)
