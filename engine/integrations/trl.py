@@ -362,13 +362,16 @@ class PolicyLensGRPOTrainer(GRPOTrainer):
         seen: dict[str, torch.Tensor | None] = {}
         original = self._get_per_token_logps_and_entropies
 
+        def keep_grad(grad: torch.Tensor) -> None:  # (b, T) dLoss/dlogp, during TRL's backward
+            picked = seen.get("picked")
+            seen["grad"] = grad.detach() if picked is None else grad.detach()[picked]
+
         def forward_with_hook(*args, **kwargs):
             logps, entropies, aux = original(*args, **kwargs)
             if "logp" not in seen:  # the training forward is the first (and only) call inside _compute_loss
                 seen["logp"], seen["entropy"] = logps, entropies
                 if logps.requires_grad:
-                    record_grad = seen.__setitem__
-                    logps.register_hook(lambda grad: record_grad("grad", grad.detach()))
+                    logps.register_hook(keep_grad)
             return logps, entropies, aux
 
         self._get_per_token_logps_and_entropies = forward_with_hook  # an instance attribute shadows the method
@@ -377,11 +380,11 @@ class PolicyLensGRPOTrainer(GRPOTrainer):
         finally:
             del self._get_per_token_logps_and_entropies
         if "logp" in seen:
-            gen.passes.append(self._policylens_pass(inputs, seen))
+            gen.passes.append(self._policylens_pass(gen, inputs, seen))
             del seen["logp"], seen["entropy"]  # keep only what the hook will add, not the forward's graph
         return loss
 
-    def _policylens_pass(self, inputs, seen: dict) -> _Pass:
+    def _policylens_pass(self, gen: _Generation, inputs, seen: dict) -> _Pass:
         new = seen["logp"].detach()
         mask = inputs["completion_mask"]
         if "tool_mask" in inputs:
@@ -407,12 +410,19 @@ class PolicyLensGRPOTrainer(GRPOTrainer):
         entropy = seen["entropy"]
         values = {"new_logp": new, "old_logp": old, "ratio": coef_1.expand(shape), "token_loss": loss, "kl": kl,
                   "entropy": None if entropy is None else entropy.detach()}
-        return _Pass(
+        record = _Pass(
             rows=inputs[ROW_KEY].detach(), mask=mask.detach() > 0,
             values=torch.stack([missing if values[k] is None else values[k].expand(shape).float()
                                 for k in _PASS_VALUES]),
             clip=clip_codes(self.loss_type, coef_1, adv, self.epsilon_low, self.epsilon_high, taus).expand(shape),
             hooked=seen)
+        if self.policylens_log_groups is None:
+            return record
+        # keep only the rows of logged groups until the step is written (the hook then keeps only their
+        # gradients): device memory in proportion to what is logged, for one sync per mini-batch in this mode
+        picked = seen["picked"] = gen.keep[record.rows].nonzero().squeeze(1)
+        return _Pass(rows=record.rows[picked], mask=record.mask[picked], values=record.values[:, picked],
+                     clip=record.clip[picked], hooked=seen)
 
     # ---- metrics
 
