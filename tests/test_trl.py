@@ -227,6 +227,15 @@ def test_log_groups_keeps_tokens_of_the_first_groups_only(tmp_path, warm_model_d
                                        (SELECT max(rollout_id) FROM token_passes) AS last_pass_rollout,
                                        (SELECT count(*) FROM steps) AS steps""")
     assert counts.iloc[0].tolist() == [16, 4, 3, 1]
+    # the kept group's tokens and passes are exactly those of the same run logged in full (same seed, same run):
+    # keeping only its rows on the device, and only their gradients in the hook, loses or shifts nothing
+    full_dir, *_ = train_trl(tmp_path / "full", warm_model_dir, run_name="trl-all-groups", max_steps=4)
+    query = """SELECT step, pass, rollout_id, position, new_logp, ratio, clip, grad_weight, token_loss, kl
+               FROM token_passes WHERE rollout_id < 4 ORDER BY ALL"""
+    some, full = frame(logs_dir, query), frame(full_dir, query)
+    assert len(some) > 0 and some.equals(full)
+    query = "SELECT * EXCLUDE (run) FROM tokens WHERE rollout_id < 4 ORDER BY step, rollout_id, position"
+    assert frame(logs_dir, query).equals(frame(full_dir, query))
 
 
 def test_run_name_comes_from_the_output_folder_and_bad_arguments_are_refused(grpo_run, tmp_path, warm_model_dir):

@@ -34,6 +34,11 @@ engine's objectives do not do; `kl` is the plain k3 value either way.
 `log_groups=K` keeps the tokens and token passes of only the first K groups of each step (the rollouts and the
 `steps` aggregates always cover the whole batch): a real run with thousands of long completions stays cheap.
 
+Cost: the per-token values of each mini-batch stay on the training device (no host sync inside TRL's loss) and
+are selected and copied to the host once per table when the step is written; token texts are decoded once per
+distinct token id (cached across steps); the Parquet encoding runs on the run log's writer thread. On the tiny
+model, where logging weighs most, this adds about 1-2% to TRL's CPU time per step (benchmarks/bench_trl.py).
+
 Several processes (`accelerate launch --multi_gpu --num_processes N`, also on CPU): each process writes the
 rollouts it sampled into the same run with its rank (`rollouts.rank`); rollout ids are global row numbers of the
 generation batch (unique across ranks), groups are TRL's (consecutive `num_generations` rows of that order, which
@@ -54,6 +59,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import pyarrow as pa
 import torch
 
 try:
@@ -180,20 +186,27 @@ def token_losses(
 # ---------------------------------------------------------------- the buffers of one step
 
 
+# Everything per token stays on the training device until the step is written: one device -> host copy per
+# table and step (`_policylens_token_tables`) instead of a few per mini-batch, and no sync inside TRL's loss.
+
+
 @dataclass
 class _Generation:
     """What one generation batch produced on this process (local rows, in TRL's order before the shuffle)."""
 
     first_row: int  # global row number of local row 0
-    num_generations: int
     rows: dict[str, Any]  # the rollouts columns
-    completion_ids: torch.Tensor  # (B, T)
-    mask: torch.Tensor  # (B, T) the loss mask
+    completion_ids: torch.Tensor  # (B, T) on the device
+    mask: torch.Tensor  # (B, T) bool on the device: the loss mask
     old_logp: torch.Tensor | None  # (B, T) TRL's old_per_token_logps, None when TRL reuses the training forward's
     ref_logp: torch.Tensor | None  # (B, T)
     advantages: torch.Tensor  # (B,) or (B, T)
-    keep: np.ndarray  # (B,) bool: rows whose tokens are logged (log_groups)
+    keep: torch.Tensor  # (B,) bool on the device: rows whose tokens are logged (log_groups)
     passes: list[_Pass] = field(default_factory=list)
+
+
+_PASS_VALUES = ("new_logp", "old_logp", "ratio", "token_loss", "kl", "entropy")
+"""The rows of `_Pass.values`; a quantity TRL's loss does not have (token_loss of vespo, kl at beta 0) is NaN."""
 
 
 @dataclass
@@ -201,23 +214,10 @@ class _Pass:
     """One `_compute_loss` call: the mini-batch's rows and what TRL's loss saw. `grad` arrives in the backward."""
 
     rows: torch.Tensor  # (b,) local row indices
-    mask: torch.Tensor  # (b, T)
-    new_logp: torch.Tensor  # (b, T)
-    old_logp: torch.Tensor  # (b, T) the old log-probs TRL's ratio used
-    entropy: torch.Tensor | None  # (b, T)
-    ratio: torch.Tensor  # (b, T)
+    mask: torch.Tensor  # (b, T) bool
+    values: torch.Tensor  # (len(_PASS_VALUES), b, T) float32: the old_logp is the one TRL's ratio used
     clip: torch.Tensor  # (b, T) int8
-    token_loss: torch.Tensor | None  # (b, T)
-    kl: torch.Tensor | None  # (b, T)
     hooked: dict  # the tensor hook puts dLoss/dlogp (b, T) under "grad" during TRL's backward, after the call
-
-    def grad(self) -> torch.Tensor | None:
-        g = self.hooked.get("grad")
-        return None if g is None else g.cpu()
-
-
-def _to_numpy(x: torch.Tensor) -> np.ndarray:
-    return x.detach().float().cpu().numpy().astype(np.float64)
 
 
 def _prompt_text(prompt: Any) -> str:
@@ -330,11 +330,13 @@ class PolicyLensGRPOTrainer(GRPOTrainer):
         rewards = self._policylens_rewards[first:first + n].float().cpu()  # (n, F)
         total = (rewards * self.reward_weights.unsqueeze(0)).nansum(dim=1)
         total[torch.isnan(rewards).all(dim=1)] = float("nan")  # unscorable, as TRL logs it
-        lengths = output["completion_mask"].sum(-1).cpu()
-        eos = set(self.eos_token_ids)
-        ids_cpu = ids.cpu()
-        truncated = [int(lengths[i]) == 0 or int(ids_cpu[i, int(lengths[i]) - 1]) not in eos for i in range(n)]
-        adv = output["advantages"].detach().float().cpu()
+        lengths = output["completion_mask"].sum(-1).long()  # (n,)
+        last = ids.gather(1, (lengths - 1).clamp(min=0).unsqueeze(1)).squeeze(1)  # (n,) last token kept
+        eos = torch.tensor(list(self.eos_token_ids), device=ids.device, dtype=ids.dtype)
+        truncated = (lengths == 0) | ~torch.isin(last, eos)
+        adv = output["advantages"].detach().float()
+        adv = adv if adv.dim() == 1 else adv.mean(-1)
+        lengths, truncated, adv = lengths.cpu(), truncated.cpu(), adv.cpu()
         names = list(self.reward_func_names)
         rows = {
             "rollout_id": global_rows, "group_id": global_rows // group_size,
@@ -345,16 +347,16 @@ class PolicyLensGRPOTrainer(GRPOTrainer):
             "reward_components": [
                 json.dumps({name: (None if math.isnan(v) else v) for name, v in zip(names, row, strict=True)})
                 for row in rewards.tolist()],
-            "advantage": (adv if adv.dim() == 1 else adv.mean(-1)).numpy().astype(np.float64),
-            "length": lengths.numpy().astype(np.int64), "truncated": truncated, "rank": [rank] * n,
+            "advantage": adv.numpy().astype(np.float64),
+            "length": lengths.numpy().astype(np.int64), "truncated": truncated.numpy(), "rank": [rank] * n,
         }
-        keep = np.ones(n, dtype=bool)
+        keep = torch.ones(n, dtype=torch.bool, device=ids.device)
         if self.policylens_log_groups is not None:
-            keep = rows["group_id"] < self.policylens_log_groups
+            keep = torch.from_numpy(rows["group_id"] < self.policylens_log_groups).to(ids.device)
         return _Generation(
-            first_row=first, num_generations=group_size, rows=rows, completion_ids=ids_cpu,
-            mask=mask.detach().cpu(), old_logp=output.get("old_per_token_logps"),
-            ref_logp=output.get("ref_per_token_logps"), advantages=output["advantages"].detach(), keep=keep)
+            first_row=first, rows=rows, completion_ids=ids, mask=mask.detach() > 0,
+            old_logp=output.get("old_per_token_logps"), ref_logp=output.get("ref_per_token_logps"),
+            advantages=output["advantages"].detach(), keep=keep)
 
     # ---- optimisation: token passes
 
@@ -365,13 +367,16 @@ class PolicyLensGRPOTrainer(GRPOTrainer):
         seen: dict[str, torch.Tensor | None] = {}
         original = self._get_per_token_logps_and_entropies
 
+        def keep_grad(grad: torch.Tensor) -> None:  # (b, T) dLoss/dlogp, during TRL's backward
+            picked = seen.get("picked")
+            seen["grad"] = grad.detach() if picked is None else grad.detach()[picked]
+
         def forward_with_hook(*args, **kwargs):
             logps, entropies, aux = original(*args, **kwargs)
             if "logp" not in seen:  # the training forward is the first (and only) call inside _compute_loss
                 seen["logp"], seen["entropy"] = logps, entropies
                 if logps.requires_grad:
-                    record_grad = seen.__setitem__
-                    logps.register_hook(lambda grad: record_grad("grad", grad.detach()))
+                    logps.register_hook(keep_grad)
             return logps, entropies, aux
 
         self._get_per_token_logps_and_entropies = forward_with_hook  # an instance attribute shadows the method
@@ -380,11 +385,11 @@ class PolicyLensGRPOTrainer(GRPOTrainer):
         finally:
             del self._get_per_token_logps_and_entropies
         if "logp" in seen:
-            gen.passes.append(self._policylens_pass(inputs, seen))
+            gen.passes.append(self._policylens_pass(gen, inputs, seen))
             del seen["logp"], seen["entropy"]  # keep only what the hook will add, not the forward's graph
         return loss
 
-    def _policylens_pass(self, inputs, seen: dict) -> _Pass:
+    def _policylens_pass(self, gen: _Generation, inputs, seen: dict) -> _Pass:
         new = seen["logp"].detach()
         mask = inputs["completion_mask"]
         if "tool_mask" in inputs:
@@ -406,14 +411,23 @@ class PolicyLensGRPOTrainer(GRPOTrainer):
         loss = token_losses(self.loss_type, coef_1, adv, self.epsilon_low, self.epsilon_high, kl_term, self.beta,
                             taus)
         shape = new.shape
+        missing = torch.full(shape, math.nan, device=new.device)
+        entropy = seen["entropy"]
+        values = {"new_logp": new, "old_logp": old, "ratio": coef_1.expand(shape), "token_loss": loss, "kl": kl,
+                  "entropy": None if entropy is None else entropy.detach()}
         record = _Pass(
-            rows=inputs[ROW_KEY].detach().cpu(), mask=mask.detach().cpu(), new_logp=new.cpu(), old_logp=old.cpu(),
-            entropy=None if seen["entropy"] is None else seen["entropy"].detach().cpu(),
-            ratio=coef_1.expand(shape).cpu(),
-            clip=clip_codes(self.loss_type, coef_1, adv, self.epsilon_low, self.epsilon_high, taus).expand(shape).cpu(),
-            token_loss=None if loss is None else loss.expand(shape).cpu(), kl=None if kl is None else kl.cpu(),
+            rows=inputs[ROW_KEY].detach(), mask=mask.detach() > 0,
+            values=torch.stack([missing if values[k] is None else values[k].expand(shape).float()
+                                for k in _PASS_VALUES]),
+            clip=clip_codes(self.loss_type, coef_1, adv, self.epsilon_low, self.epsilon_high, taus).expand(shape),
             hooked=seen)
-        return record
+        if self.policylens_log_groups is None:
+            return record
+        # keep only the rows of logged groups until the step is written (the hook then keeps only their
+        # gradients): device memory in proportion to what is logged, for one sync per mini-batch in this mode
+        picked = seen["picked"] = gen.keep[record.rows].nonzero().squeeze(1)
+        return _Pass(rows=record.rows[picked], mask=record.mask[picked], values=record.values[:, picked],
+                     clip=record.clip[picked], hooked=seen)
 
     # ---- metrics
 
@@ -447,52 +461,59 @@ class PolicyLensGRPOTrainer(GRPOTrainer):
         return metrics
 
     def _policylens_token_tables(self, gen: _Generation) -> tuple[dict | None, dict | None]:
-        keep = torch.from_numpy(gen.keep)
-        mask = (gen.mask > 0) & keep[:, None]  # (B, T) logged tokens
-        if not bool(mask.any()):
-            return None, None
+        """The step's `tokens` and `token_passes` columns: selected on the device, copied to the host once each."""
+        mask = gen.mask & gen.keep[:, None]  # (B, T) logged tokens
         B, T = mask.shape
-        # old_logp / entropy per token: TRL's old log-probs, else the first training forward over the row
-        old = gen.old_logp.detach().float().cpu() if gen.old_logp is not None else torch.full((B, T), math.nan)
-        entropy = torch.full((B, T), math.nan)
-        filled = torch.zeros(B, dtype=torch.bool)
-        pass_cols: dict[str, list] = {k: [] for k in (
-            "pass", "rollout_id", "position", "new_logp", "ratio", "clip", "grad_weight", "token_loss", "kl")}
-        for p, rec in enumerate(gen.passes):
-            rows = rec.rows
-            first_time = ~filled[rows]
+        device = mask.device
+        nan = torch.full((B, T), math.nan, device=device)
+        # old_logp / entropy per token: TRL's old log-probs, else the first training forward over the row; the
+        # passes are applied last to first so that the first pass over a row is the one kept (rows are unique
+        # within a pass)
+        old = gen.old_logp.detach().float().clone() if gen.old_logp is not None else nan.clone()
+        entropy = nan.clone()
+        pass_floats, pass_keys, pass_clips = [], [], []
+        for p in range(len(gen.passes) - 1, -1, -1):
+            rec = gen.passes[p]
             if gen.old_logp is None:
-                old[rows[first_time]] = rec.old_logp[first_time].float()
-            if rec.entropy is not None:
-                entropy[rows[first_time]] = rec.entropy[first_time].float()
-            filled[rows] = True
-            sel = mask[rows] & (rec.mask > 0)  # (b, T)
+                old[rec.rows] = rec.values[_PASS_VALUES.index("old_logp")]
+            entropy[rec.rows] = rec.values[_PASS_VALUES.index("entropy")]
+        for p, rec in enumerate(gen.passes):
+            sel = mask[rec.rows] & rec.mask  # (b, T)
             r_idx, pos = sel.nonzero(as_tuple=True)
-            n = len(r_idx)
-            grad = rec.grad()
-            pass_cols["pass"].append(np.full(n, p, dtype=np.int64))
-            pass_cols["rollout_id"].append(rows[r_idx].numpy().astype(np.int64) + gen.first_row)
-            pass_cols["position"].append(pos.numpy().astype(np.int64))
-            pass_cols["new_logp"].append(_to_numpy(rec.new_logp[sel]))
-            pass_cols["ratio"].append(_to_numpy(rec.ratio[sel]))
-            pass_cols["clip"].append(rec.clip[sel].numpy().astype(np.int8))
-            pass_cols["grad_weight"].append(_to_numpy(-grad[sel]) if grad is not None else np.full(n, math.nan))
-            pass_cols["token_loss"].append(_to_numpy(rec.token_loss[sel]) if rec.token_loss is not None
-                                           else np.full(n, math.nan))
-            pass_cols["kl"].append(_to_numpy(rec.kl[sel]) if rec.kl is not None else np.full(n, math.nan))
+            grad = rec.hooked.get("grad")
+            weight = -grad[sel].float() if grad is not None else torch.full_like(r_idx, math.nan, dtype=torch.float)
+            values = rec.values[:, sel]  # (V, n)
+            pass_floats.append(torch.cat([values[[_PASS_VALUES.index(k) for k in ("new_logp", "ratio")]],
+                                          weight[None], values[[_PASS_VALUES.index(k) for k in ("token_loss", "kl")]]]))
+            pass_keys.append(torch.stack([torch.full_like(r_idx, p), rec.rows[r_idx], pos]))
+            pass_clips.append(rec.clip[sel])
         r_idx, pos = mask.nonzero(as_tuple=True)
-        token_ids = gen.completion_ids[r_idx, pos]
-        adv = gen.advantages.detach().float().cpu()
+        if len(r_idx) == 0:
+            return None, None
+        adv = gen.advantages.detach().float()
         adv = adv[:, None].expand(B, T) if adv.dim() == 1 else adv
-        ref = gen.ref_logp.detach().float().cpu() if gen.ref_logp is not None else None
+        ref = gen.ref_logp.detach().float() if gen.ref_logp is not None else nan
+        token_floats = torch.stack([old, ref, entropy, adv])[:, mask].cpu().numpy().astype(np.float64)  # (4, N)
+        token_keys = torch.stack([r_idx, pos, gen.completion_ids[mask]]).cpu().numpy().astype(np.int64)  # (3, N)
         tokens = {
-            "rollout_id": r_idx.numpy().astype(np.int64) + gen.first_row, "position": pos.numpy().astype(np.int64),
-            "token_id": token_ids.numpy().astype(np.int64),
-            "token_text": [self._policylens_token_text.token(int(t)) for t in token_ids.tolist()],
-            "old_logp": _to_numpy(old[mask]), "ref_logp": _to_numpy(ref[mask]) if ref is not None else None,
-            "entropy": _to_numpy(entropy[mask]), "advantage": _to_numpy(adv[mask]),
+            "rollout_id": token_keys[0] + gen.first_row, "position": token_keys[1], "token_id": token_keys[2],
+            "token_text": self._policylens_texts_of(token_keys[2]),
+            "old_logp": token_floats[0], "entropy": token_floats[2], "advantage": token_floats[3],
         }
-        if tokens["ref_logp"] is None:
-            del tokens["ref_logp"]
-        passes = {k: np.concatenate(v) for k, v in pass_cols.items()} if gen.passes else None
+        if gen.ref_logp is not None:
+            tokens["ref_logp"] = token_floats[1]
+        passes = None
+        if gen.passes:
+            floats = torch.cat(pass_floats, dim=1).cpu().numpy().astype(np.float64)  # (5, M)
+            keys = torch.cat(pass_keys, dim=1).cpu().numpy().astype(np.int64)  # (3, M)
+            passes = {"pass": keys[0], "rollout_id": keys[1] + gen.first_row, "position": keys[2],
+                      "new_logp": floats[0], "ratio": floats[1], "clip": torch.cat(pass_clips).cpu().numpy(),
+                      "grad_weight": floats[2], "token_loss": floats[3], "kl": floats[4]}
         return tokens, passes
+
+    def _policylens_texts_of(self, token_ids: np.ndarray) -> pa.Array:
+        """(N,) token ids -> their texts (engine.rollout.TokenText, cached per id) as an Arrow string array: one
+        Python call per distinct token of the step, not per token."""
+        distinct, index = np.unique(token_ids, return_inverse=True)
+        texts = pa.array([self._policylens_token_text.token(int(t)) for t in distinct], pa.string())
+        return texts.take(pa.array(index.reshape(-1)))
