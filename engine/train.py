@@ -382,6 +382,7 @@ def _train(cfg: TrainConfig, run_name: str, logs_dir: Path, world: World, *, res
     """The body of `train` on one rank of `world`."""
     from tqdm import tqdm
 
+    from engine.policy import sft_progress_reporter
     from engine.runlog import RunWriter, last_steps_by_rank
     from engine.tasks import get_task
 
@@ -389,8 +390,6 @@ def _train(cfg: TrainConfig, run_name: str, logs_dir: Path, world: World, *, res
 
     # ------------------------------------------------------------------ setup
     task = get_task(cfg.task, seed=cfg.task_seed)
-    from engine.policy import sft_progress_reporter
-
     if not world.is_main:
         world.barrier()  # rank 0 trains (or loads) the warm start first: one SFT, one cache entry
     policy, ref, tokenizer, model_desc = load_models(
