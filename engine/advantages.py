@@ -24,6 +24,7 @@ __all__ = [
     "STD_EPS",
     "gae_advantages",
     "group_advantages",
+    "masked_mean_std",
     "masked_whiten",
     "normalized_step_rewards",
     "process_advantages",
@@ -129,13 +130,20 @@ def process_advantages(
     return out.to(torch.get_default_dtype())
 
 
-def masked_whiten(x: torch.Tensor, mask: torch.Tensor, eps: float = 1e-8) -> torch.Tensor:
-    """(x - mean) / std over the masked entries of the whole batch (PPO's advantage whitening); 0 outside mask."""
+def masked_mean_std(x: torch.Tensor, mask: torch.Tensor, eps: float = 1e-8) -> tuple[torch.Tensor, torch.Tensor]:
+    """(mean, sqrt(var + eps)) of the masked entries of `x` (population variance): the statistics `masked_whiten`
+    divides by, for a caller that also wants to record them."""
     m = mask.to(x.dtype)
     n = m.sum().clamp(min=1.0)
     mean = (x * m).sum() / n
     var = (((x - mean) * m) ** 2).sum() / n
-    return (x - mean) * torch.rsqrt(var + eps) * m
+    return mean, torch.sqrt(var + eps)
+
+
+def masked_whiten(x: torch.Tensor, mask: torch.Tensor, eps: float = 1e-8) -> torch.Tensor:
+    """(x - mean) / std over the masked entries of the whole batch (PPO's advantage whitening); 0 outside mask."""
+    mean, std = masked_mean_std(x, mask, eps)
+    return (x - mean) / std * mask.to(x.dtype)
 
 
 def gae_advantages(

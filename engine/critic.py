@@ -35,7 +35,7 @@ from dataclasses import dataclass
 
 import torch
 
-from engine.advantages import gae_advantages, masked_whiten
+from engine.advantages import gae_advantages, masked_mean_std
 
 __all__ = [
     "CriticStats",
@@ -46,7 +46,6 @@ __all__ = [
     "token_rewards",
     "value_loss",
 ]
-
 
 
 # ----------------------------------------------------------------------------- pure functions
@@ -203,12 +202,9 @@ class PPOCritic:
         adv, returns = gae_advantages(rewards, values, batch.token_mask, cfg.gae_gamma, cfg.gae_lambda)
         batch.values, batch.kl_reward, batch.returns, batch.advantages = values, kl_reward, returns, adv
         if cfg.whiten_advantages:
-            m = batch.loss_mask
-            n = m.sum().clamp(min=1.0)
-            mean = float((adv * m).sum() / n)
-            std = float(torch.sqrt((((adv - mean) * m) ** 2).sum() / n + 1e-8))  # masked_whiten's statistics
-            batch.loss_advantages = masked_whiten(adv, m)
-            self._whiten = (mean, std)
+            mean, std = masked_mean_std(adv, batch.loss_mask)  # masked_whiten's statistics, recorded per step
+            batch.loss_advantages = (adv - mean) / std * batch.loss_mask
+            self._whiten = (float(mean), float(std))
         else:
             batch.loss_advantages = adv * batch.loss_mask
             self._whiten = (0.0, 1.0)
