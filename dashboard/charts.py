@@ -271,10 +271,11 @@ def total_weight_vs_length(totals: pd.DataFrame) -> go.Figure:
     for i, (algo, frame) in enumerate(totals.groupby("algorithm", sort=False)):
         frame = frame.sort_values("length")
         traces.append({"type": "scatter", "x": frame["length"].to_numpy(), "y": frame["total_weight"].to_numpy(),
-                       "mode": "markers+lines", "name": algo, "marker": {"size": 7, "color": PALETTE[i % len(PALETTE)]},
+                       "mode": "markers+lines", "name": _name(algo),
+                       "marker": {"size": 7, "color": PALETTE[i % len(PALETTE)]},
                        "line": {"color": PALETTE[i % len(PALETTE)]},
                        "customdata": frame[["completion", "advantage"]].to_numpy(),
-                       "hovertemplate": algo + "<br>%{customdata[0]} (A=%{customdata[1]:.3g})<br>length %{x}"
+                       "hovertemplate": "%{fullData.name}<br>%{customdata[0]} (A=%{customdata[1]:.3g})<br>length %{x}"
                        "<br>total weight %{y:.4g}<extra></extra>"})
     return go.Figure(data=traces, layout={
         "height": 330, "margin": {"l": 40, "r": 10, "t": 20, "b": 30}, "shapes": [_zero_line()],

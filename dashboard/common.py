@@ -18,7 +18,7 @@ from pathlib import Path
 
 import streamlit as st
 
-from dashboard.tokens import is_missing
+from dashboard.tokens import is_missing, number, plain  # noqa: F401  (pages use them through common)
 
 LOGS_DIR_ENV = "POLICYLENS_LOGS_DIR"
 
@@ -68,17 +68,6 @@ def md(value) -> str:
 def flag(value) -> bool:
     """A logged boolean that may be NULL (a column the logger left out): only a real True counts."""
     return not is_missing(value) and bool(value)
-
-
-def plain(value) -> str:
-    """A logged string for `st.text`, `st.code` or a widget's option label (which show text as it is), "–" when
-    it was not logged."""
-    return "–" if is_missing(value) else str(value)
-
-
-def number(value, spec: str = ".3g") -> str:
-    """A logged number formatted with `spec`, or "–" when it was not logged (NULL/NaN)."""
-    return "–" if is_missing(value) else format(value, spec)
 
 
 def reward_breakdown(rollout) -> str:

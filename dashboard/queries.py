@@ -19,7 +19,7 @@ import json
 import pandas as pd
 import streamlit as st
 
-from engine.clip_codes import CLIP_CAP, CLIP_HIGH, CLIP_LOW
+from engine.clip_codes import CLIP_CAP, CLIP_HIGH, CLIP_LOW, CLIP_NONE
 
 LIVE_TTL = 2  # seconds; the live watcher polls every 3 s
 RUN_TTL = 60
@@ -76,13 +76,22 @@ def step_numbers(logs_dir: str, run: str, version: tuple) -> list[int]:
     return [int(s) for s in frame["step"]]
 
 
+def parsed_config(config) -> dict | None:
+    """A run's config as `runs_table` holds it (JSON text) as a dict; {} when there is none, None when it is not a
+    JSON object (a run logged by other code may carry anything as its config)."""
+    try:
+        parsed = json.loads(config) if isinstance(config, str) else dict(config or {})
+    except (TypeError, ValueError):
+        return None
+    return parsed if isinstance(parsed, dict) else None
+
+
 def config_diff(table: pd.DataFrame) -> pd.DataFrame:
     """Config keys whose values differ between the given runs (nested keys flattened with dots)."""
     flat = {}
     for run, config in zip(table["run"], table["config"], strict=True):
-        try:
-            parsed = json.loads(config) if isinstance(config, str) else dict(config or {})
-        except (TypeError, ValueError):
+        parsed = parsed_config(config)
+        if parsed is None:
             parsed = {"config": "(unreadable)"}
         flat[run] = pd.json_normalize(parsed, sep=".").iloc[0].to_dict() if parsed else {}
     frame = pd.DataFrame(flat)
@@ -269,26 +278,20 @@ def critic_tokens(logs_dir: str, run: str, step: int, rollout_ids: tuple[int, ..
     return sql(
         logs_dir,
         """SELECT rollout_id, position, token_text, advantage, value, "return", kl_reward, prm_step FROM tokens
-           WHERE run = ? AND step = ? AND list_contains(?, rollout_id) ORDER BY rollout_id, position""",
-        [run, step, list(rollout_ids)],
+           WHERE run = ? AND step = ? AND rollout_id BETWEEN ? AND ? AND list_contains(?, rollout_id)
+           ORDER BY rollout_id, position""",
+        [run, step, *id_range(rollout_ids), list(rollout_ids)],
     )
 
 
 @st.cache_data(ttl=STEP_TTL, show_spinner=False)
 def step_whitening(logs_dir: str, run: str, step: int) -> tuple[float, float] | None:
-    """(mean, std) a critic run's loss whitened this step's GAE advantages with; None without a critic."""
+    """(mean, std) a critic run's loss whitened this step's GAE advantages with (every step of a critic run logs
+    them); None without a critic."""
     frame = sql(logs_dir, "SELECT advantage_mean, advantage_std FROM steps WHERE run = ? AND step = ?", [run, step])
     if frame.empty or frame[["advantage_mean", "advantage_std"]].isna().any(axis=None):
         return None
     return float(frame["advantage_mean"].iloc[0]), float(frame["advantage_std"].iloc[0])
-
-
-@st.cache_data(ttl=RUN_TTL, show_spinner=False)
-def run_has_values(logs_dir: str, run: str, version: tuple) -> bool:
-    """The run logged a critic's values (a PPO run)."""
-    frame = sql(logs_dir, "SELECT count(*) AS n FROM (SELECT 1 FROM tokens WHERE run = ? AND value IS NOT NULL "
-                "LIMIT 1)", [run])
-    return bool(frame["n"].iloc[0])
 
 
 @st.cache_data(ttl=RUN_TTL, show_spinner=False)
@@ -455,8 +458,10 @@ def token_stats(logs_dir: str, run: str, first: int, last: int, bucket: int, ver
                    avg(entropy) AS entropy_mean
             FROM tok GROUP BY ALL
         ), per_pass AS (
-            SELECT t.token_text, t.position_from, count(*) AS passes, count(*) FILTER (WHERE p.clip = 1) AS low,
-                   count(*) FILTER (WHERE p.clip = 2) AS high, count(*) FILTER (WHERE p.clip = 3) AS dual,
+            SELECT t.token_text, t.position_from, count(*) AS passes,
+                   count(*) FILTER (WHERE p.clip = {CLIP_LOW}) AS low,
+                   count(*) FILTER (WHERE p.clip = {CLIP_HIGH}) AS high,
+                   count(*) FILTER (WHERE p.clip = {CLIP_CAP}) AS dual,
                    sum(abs(p.grad_weight)) AS abs_weight, sum(abs(p.ratio - 1)) AS ratio_dev
             FROM tok t JOIN ({_PASSES}) p USING (run, token_key) GROUP BY ALL
         )
@@ -523,9 +528,10 @@ def entropy_bins(logs_dir: str, runs: tuple[str, ...], first: int, last: int, bi
             SELECT t.run, t.token_key, {bin_of} AS bin
             FROM tok t JOIN cut_points c USING (run, step, rollout_id) WHERE t.entropy IS NOT NULL
         ), per_bin AS (
-            SELECT b.run, b.bin, count(*) AS pass_rows, avg((p.clip > 0)::DOUBLE) AS clip_rate,
-                   avg((p.clip = 1)::DOUBLE) AS clip_low_rate, avg((p.clip = 2)::DOUBLE) AS clip_high_rate,
-                   avg((p.clip = 3)::DOUBLE) AS clip_dual_rate, sum(abs(p.grad_weight)) AS abs_weight
+            SELECT b.run, b.bin, count(*) AS pass_rows, avg((p.clip <> {CLIP_NONE})::DOUBLE) AS clip_rate,
+                   avg((p.clip = {CLIP_LOW})::DOUBLE) AS clip_low_rate,
+                   avg((p.clip = {CLIP_HIGH})::DOUBLE) AS clip_high_rate,
+                   avg((p.clip = {CLIP_CAP})::DOUBLE) AS clip_dual_rate, sum(abs(p.grad_weight)) AS abs_weight
             FROM binned b JOIN ({_PASSES}) p USING (run, token_key)
             GROUP BY b.run, b.bin
         )
@@ -543,11 +549,7 @@ def comparable_runs(table: pd.DataFrame, run: str) -> list[str]:
     first: only then is a prompt id the same prompt, with the same reference solution, in every run."""
 
     def key(row) -> tuple:
-        try:
-            config = json.loads(row["config"]) if isinstance(row["config"], str) else {}
-        except ValueError:
-            config = {}
-        return row["task"], config.get("task_seed") if isinstance(config, dict) else None
+        return row["task"], (parsed_config(row["config"]) or {}).get("task_seed")
 
     keys = {row["run"]: key(row) for _, row in table.iterrows()}
     return [run] + [r for r in table["run"] if r != run and keys[r] == keys.get(run)]

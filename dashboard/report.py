@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import html
 import json
-import math
 import os
 import secrets
 from pathlib import Path
@@ -26,7 +25,7 @@ import plotly.io as pio
 from plotly.offline import get_plotlyjs
 
 from dashboard import charts, queries
-from dashboard.tokens import CHANNELS, token_heatmap_html
+from dashboard.tokens import CHANNELS, is_missing, number, plain, token_heatmap_html
 from engine.clip_codes import CLIP_EVENTS, CLIP_NAMES
 
 # Numbers of the chosen step shown at the top: (column of the `steps` view, label).
@@ -62,7 +61,7 @@ def _cell(value) -> tuple[str, str]:
         return "text", html.escape(value)
     if hasattr(value, "item"):  # numpy scalars
         value = value.item()
-    if value is None or value is pd.NA or (isinstance(value, float) and math.isnan(value)):
+    if is_missing(value):
         return "num", "–"
     if isinstance(value, bool):
         return "", "yes" if value else "no"
@@ -145,6 +144,9 @@ def _choose_rollout(rollouts: pd.DataFrame, rollout_id: int | None, step: int) -
             raise ReportError(f"step {step} has no rollout {rollout_id}; its rollouts are "
                               f"{int(rollouts['rollout_id'].min())}..{int(rollouts['rollout_id'].max())}")
         return found.iloc[0]
+    rollouts = rollouts[rollouts["rollout_id"].notna()]  # without an id a rollout's tokens cannot be found
+    if rollouts.empty:
+        raise ReportError(f"step {step} has no rollout logged with a rollout_id")
     train = rollouts[(rollouts["kind"] == "train") & ~rollouts["filtered"].fillna(False).astype(bool)]
     pool = train if len(train) else rollouts
     return pool.loc[pool["advantage"].abs().fillna(0).idxmax()]
@@ -178,9 +180,9 @@ def build_report(logs_dir: str, run: str, step: int | None = None, rollout_id: i
     page = _Page()
     page.add(f"<h1>PolicyLens run {html.escape(run)}</h1>")
     last = int(steps["step"].max())
-    page.add(f'<p class="meta">{html.escape(str(info["algorithm"]))} · task {html.escape(str(info["task"]))} · '
-             f'{html.escape(str(info["status"]))} · steps {int(steps["step"].min())}..{last} · '
-             f"this report looks at step {step} · model: {html.escape(str(info['model']))}</p>")
+    page.add(f'<p class="meta">{html.escape(plain(info["algorithm"]))} · task {html.escape(plain(info["task"]))} · '
+             f'{html.escape(plain(info["status"]))} · steps {int(steps["step"].min())}..{last} · '
+             f"this report looks at step {step} · model: {html.escape(plain(info['model']))}</p>")
     _key_numbers(page, steps, step)
     page.add("<h2>Curves</h2>")
     page.figure(charts.metric_curves(steps))
@@ -227,15 +229,15 @@ def _rollout(page: _Page, logs_dir: str, run: str, step: int, rollout: pd.Series
     passes = queries.rollout_passes(logs_dir, run, step, rollout_id)
     pass_ = passes[-1] if passes else None
     tokens = queries.rollout_tokens(logs_dir, run, step, (rollout_id,), pass_)
-    where = (f"group {int(rollout['group_id'])} #{int(rollout['index_in_group'])}" if rollout["kind"] == "train"
-             else f"eval prompt {int(rollout['prompt_id'])}")
+    where = (f"group {number(rollout['group_id'], '.0f')} #{number(rollout['index_in_group'], '.0f')}"
+             if rollout["kind"] == "train" else f"eval prompt {number(rollout['prompt_id'], '.0f')}")
     page.add(f"<h2>Rollout {rollout_id}, token by token</h2>")
-    page.add(f'<p class="meta">{where} · reward {rollout["reward"]:.4g} · advantage {rollout["advantage"]:+.4g} · '
-             f'{int(rollout["length"])} tokens · '
+    page.add(f'<p class="meta">{where} · reward {number(rollout["reward"], ".4g")} · advantage '
+             f'{number(rollout["advantage"], "+.4g")} · {number(rollout["length"], ".0f")} tokens · '
              + (f"values of optimisation pass {pass_}" if pass_ is not None else "no optimisation pass used it")
              + " · hover a token for all its values</p>")
-    page.add(f'<p>Prompt</p><pre class="pl-prompt">{html.escape(str(rollout["prompt"]))}</pre>'
-             f'<p class="meta">Reference answer: {html.escape(str(rollout["answer"]))}</p>')
+    page.add(f'<p>Prompt</p><pre class="pl-prompt">{html.escape(plain(rollout["prompt"]))}</pre>'
+             f'<p class="meta">Reference answer: {html.escape(plain(rollout["answer"]))}</p>')
     if tokens.empty:
         page.add("<p>No tokens logged for this rollout.</p>")
         return

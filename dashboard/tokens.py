@@ -110,6 +110,17 @@ def is_missing(value) -> bool:
         return False
 
 
+def plain(value) -> str:
+    """A logged string for `st.text`, `st.code` or a widget's option label (which show text as it is), "–" when
+    it was not logged."""
+    return "–" if is_missing(value) else str(value)
+
+
+def number(value, spec: str = ".3g") -> str:
+    """A logged number formatted with `spec`, or "–" when it was not logged (NULL/NaN)."""
+    return "–" if is_missing(value) else format(value, spec)
+
+
 def _text(value) -> str:
     """A logged token text; a NULL one is shown as nothing rather than as "None"."""
     return "" if is_missing(value) else str(value)
@@ -131,7 +142,7 @@ def token_heatmap_html(tokens: pd.DataFrame, channel_name: str, hover_columns: l
     """Render tokens as coloured inline spans.
 
     `tokens` has one row per completion token in order, with `position`, `token_text`, the channel's column and
-    optionally `clip` (the engine.objectives clip code). Hovering a token shows every column in `hover_columns`.
+    optionally `clip` (the engine.clip_codes clip code). Hovering a token shows every column in `hover_columns`.
     """
     channel = CHANNELS[channel_name]
     hover_columns = hover_columns or [c.column for c in CHANNELS.values() if c.column in tokens.columns]

@@ -8,8 +8,6 @@ engine.advantages); the PPO ones are the logged values of a run with a critic.
 
 from __future__ import annotations
 
-import json
-
 import pandas as pd
 import streamlit as st
 
@@ -50,10 +48,8 @@ common.set_url_value("rollout", highlight)
 
 config = common.load("the run's config", queries.runs_table, logs)
 config = config[config["run"] == run]["config"]
-try:
-    scale_by_std = bool(json.loads(config.iloc[0]).get("scale_adv_by_std", True)) if len(config) else True
-except (TypeError, ValueError):
-    scale_by_std = True
+run_config = (queries.parsed_config(config.iloc[0]) if len(config) else None) or {}
+scale_by_std = bool(run_config.get("scale_adv_by_std", True))
 try:
     schemes = recompute.advantage_schemes(group, tokens, steps, scale_by_std=scale_by_std)
 except ValueError as error:

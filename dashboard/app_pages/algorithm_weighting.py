@@ -51,9 +51,9 @@ else:
 # ---------------------------------------------------------------- knobs
 st.markdown("**Knobs** (edit a cell: every chart below is recomputed at once; start from the authors' defaults)")
 # An algorithm with a critic (PPO) takes its advantages from the critic's values: only a run that logged them has any.
-has_values = common.load("the critic's values", queries.run_has_values, logs, run, selection.version)
+whitening = common.load("the whitening", queries.step_whitening, logs, run, step)
+has_values = whitening is not None  # only a run with a critic logs its whitening statistics
 algorithms = [a for a in ALGORITHMS if has_values or not uses_critic(a)]
-whitening = common.load("the whitening", queries.step_whitening, logs, run, step) if has_values else None
 if has_values:
     st.caption("This run has a critic: every algorithm sees its logged GAE advantages; PPO sees them whitened with "
                "the step's statistics, as its loss did.")

@@ -3,8 +3,6 @@ the whole group's step rewards, and a sandbox to edit step rewards and watch the
 
 from __future__ import annotations
 
-import json
-
 import pandas as pd
 import streamlit as st
 
@@ -31,11 +29,7 @@ def process_supervised_runs() -> list[str]:
     table = common.load("the list of runs", queries.runs_table, logs)
     found = []
     for name, config in zip(table["run"], table["config"], strict=True):
-        try:
-            parsed = json.loads(config) if isinstance(config, str) else dict(config or {})
-        except (TypeError, ValueError):  # a run logged by other code may carry anything as its config
-            continue
-        if isinstance(parsed, dict) and parsed.get("supervision") == "process" and name != run:
+        if (queries.parsed_config(config) or {}).get("supervision") == "process" and name != run:
             found.append(name)
     return found
 
