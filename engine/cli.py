@@ -94,7 +94,6 @@ def _passive_thread_waits() -> None:
 
 
 def run_train(args: argparse.Namespace) -> int:
-    _passive_thread_waits()
     import json
 
     from engine.config import ConfigError, TrainConfig, config_from_args, knob_fields
@@ -255,7 +254,6 @@ def add_warmstart_command(subparsers) -> None:
 
 
 def run_warmstart(args: argparse.Namespace) -> int:
-    _passive_thread_waits()
     from engine.config import ConfigError, config_from_args
 
     if (problem := _check_local_paths(args)) is not None:
@@ -753,6 +751,8 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     command = next((a for a in argv if not a.startswith("-")), None)  # the subcommand: no option precedes it
+    if command in CONFIG_COMMANDS:
+        _passive_thread_waits()  # before the parser imports torch (engine.config's flags)
     args = build_parser(command).parse_args(argv)
     args.argv = argv  # `train --nproc` starts the same command again under torchrun
     return args.func(args) or 0

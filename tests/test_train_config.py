@@ -222,3 +222,19 @@ def test_warmstart_rejects_bad_arguments_before_training(tmp_path, monkeypatch, 
     assert code == 2
     assert re.search(message, capsys.readouterr().err.splitlines()[-1])
     assert not cache.exists()
+
+
+@pytest.mark.parametrize("command", ["train", "warmstart"])
+def test_train_and_warmstart_threads_wait_passively(command):
+    """OpenMP reads its wait policy once, when torch loads it: the CLI must set it before building its parser
+    (which imports torch through engine.config), or the threads spin and a busy core slows training tenfold.
+    GNU OpenMP (torch's on Linux) prints its settings with OMP_DISPLAY_ENV."""
+    import os
+    import subprocess
+    import sys
+
+    env = {k: v for k, v in os.environ.items() if k != "OMP_WAIT_POLICY"} | {"OMP_DISPLAY_ENV": "VERBOSE"}
+    done = subprocess.run([sys.executable, "-m", "engine.cli", command, "--help"], env=env, capture_output=True,
+                          text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "GOMP_SPINCOUNT = '0'" in done.stderr, done.stderr[-3000:]
