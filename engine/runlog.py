@@ -270,8 +270,8 @@ def _run_folders(logs_dir: Path, problems: list[str]) -> list[Path]:
     for entry in entries:
         if entry.name.startswith(".") or not entry.is_dir():
             continue
-        try:
-            validate_run_name(entry.name, logs_dir)
+        try:  # only a symlink can lead outside the logs folder; resolving every run's path on each refresh is slow
+            validate_run_name(entry.name, logs_dir if entry.is_symlink() else None)
         except RunLogError as err:
             problems.append(f"{_shown(entry.path)}: not a run ({_shown(err)}) (ignored)")
             continue
@@ -839,11 +839,11 @@ class RunWriter:
     def log_many(self, steps: Sequence[int], tables_of: Callable[[int], Mapping[str, Any]]) -> None:
         """Log many steps at once (bulk import: a run converted from another logger, a benchmark's big run).
 
-        `tables_of(step)` returns the keyword arguments of `log_step` for that step (metrics, rollouts, tokens,
-        token_passes, prm_steps). Each step goes straight into the folder where compaction would finally put
-        it: the files are the same as `log_step` for each step followed by every merge (`_final_segments`;
-        row groups do not depend on how rows arrived, see `_FolderWriter`), but every row is encoded once
-        instead of once per merge level. Not for a live run: steps appear chunk by chunk."""
+        `tables_of(step)` returns the keyword arguments of `log_step` for that step. Each step goes straight into
+        the folder where compaction would finally put it: the files are the same as `log_step` for each step
+        followed by every merge (`_final_segments`; row groups do not depend on how rows arrived, see
+        `_FolderWriter`), but every row is encoded once instead of once per merge level. Not for a live run: steps
+        appear chunk by chunk."""
         if self._closed:
             raise RunLogError(f"run {self.name!r}: log_many after close")
         steps = [int(s) for s in steps]
@@ -1243,7 +1243,8 @@ _EXPLAIN_RE = re.compile(r"\s*EXPLAIN\s+(?:ANALY[SZ]E\s+)?", re.IGNORECASE)
 
 # Errors a query makes by itself (its text, its names, being interrupted): no file is to blame for them.
 _QUERY_ERRORS = (duckdb.ParserException, duckdb.BinderException, duckdb.CatalogException,
-                 duckdb.PermissionException, duckdb.InterruptException)
+                 duckdb.PermissionException, duckdb.InterruptException, duckdb.ConversionException,
+                 duckdb.TypeMismatchException)
 
 # The run-log's own SQL for the runs list (`policylens runs`, the dashboard's Runs table): every run with its
 # number of logged steps and its latest held-out accuracy (the last step that evaluated, not the last step).
@@ -1277,7 +1278,7 @@ class RunReader:
     Queries only read: `sql` and `rows` refuse any statement but SELECT / EXPLAIN SELECT, and DuckDB itself may
     open no file outside the runs read (its external access is off except for those folders, extensions are
     neither installed nor loaded, and that configuration is locked). `unsafe=True` lifts all of it (a full
-    DuckDB shell; the six tables are restored by the next query if a statement dropped or replaced them).
+    DuckDB shell; the tables are restored by the next query if a statement dropped or replaced them).
     `tables` limits the files checked and read to some tables (the others are empty): opening is then cheaper.
     Thread-safe: calls are serialised by a lock.
     """
