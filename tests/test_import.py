@@ -139,7 +139,9 @@ def test_follow_imports_new_files_once_they_stop_growing(rollout_dir, tmp_path):
     old = time.time() - 10 * SETTLE_SECONDS
     for path in rollout_dir.iterdir():
         os.utime(path, (old, old))
-    write(rollout_dir / "3.jsonl", verl_lines(3, with_uid=False, seed=3))  # still being written: too fresh
+    write(rollout_dir / "3.jsonl", verl_lines(3, with_uid=False, seed=3))
+    future = time.time() + 3600  # still being written (changed "now", however long the first look takes)
+    os.utime(rollout_dir / "3.jsonl", (future, future))
     reports = []
 
     def rounds_done() -> bool:

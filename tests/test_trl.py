@@ -26,15 +26,19 @@ MAX_LEN = 24
 
 
 @pytest.fixture(scope="session")
-def warm_model_dir(warm_cache):
+def warm_model_dir(warm_cache, tmp_path_factory):
     """The tiny warm-started model of the engine's tests, as a save_pretrained folder (model + tokenizer)."""
+    from conftest import tiny_config
+
     from engine.tasks import get_task
     from engine.train import load_models
-    from tests.conftest import tiny_config
 
     cfg = tiny_config()
-    load_models(cfg, get_task(cfg.task, seed=cfg.task_seed), torch.device("cpu"), warm_cache, sft_threads=1)
-    (folder,) = Path(warm_cache).glob("warmstart-*")
+    model, _, tokenizer, _ = load_models(cfg, get_task(cfg.task, seed=cfg.task_seed), torch.device("cpu"),
+                                         warm_cache, sft_threads=1)
+    folder = tmp_path_factory.mktemp("trl-warm-model")
+    model.save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
     return folder
 
 
