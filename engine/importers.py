@@ -117,9 +117,8 @@ def _is_float_column(values: list) -> bool:
 
 def _trl_rollouts(step: int, table: dict[str, list], path: Path, report: ImportReport) -> _Step:
     n = len(table["prompt"])
-    prompts = [p if isinstance(p, str) else json.dumps(p, default=str, ensure_ascii=False) for p in table["prompt"]]
-    completions = [c if isinstance(c, str) else json.dumps(c, default=str, ensure_ascii=False)
-                   for c in table["completion"]]
+    prompts = [as_text(p) for p in table["prompt"]]
+    completions = [as_text(c) for c in table["completion"]]
     reward_names = [k for k, v in table.items() if k not in ("step", "prompt", "completion", "advantage")
                     and _is_float_column(v)]
     components = [{k: _finite(table[k][i]) for k in reward_names} for i in range(n)]
@@ -130,7 +129,7 @@ def _trl_rollouts(step: int, table: dict[str, list], path: Path, report: ImportR
     rollouts = {
         "rollout_id": list(range(n)), "group_id": group_ids, "index_in_group": index_in_group,
         "kind": ["train"] * n, "prompt": prompts, "completion": completions, "reward": totals,
-        "reward_components": [json.dumps(c) for c in components], "advantage": table["advantage"],
+        "reward_components": [components_json(c) for c in components], "advantage": table["advantage"],
     }
     return _Step(step, rollouts, {"source_file": path.name, "reward_funcs": reward_names,
                                   "columns_not_imported": ignored, "advantage_source": "trl"})
@@ -193,38 +192,45 @@ def _verl_rollouts(step: int, lines: list[dict], path: Path) -> _Step:
 
     from engine.advantages import group_advantages
 
-    keys = [str(e.get("uid")) if e.get("uid") is not None else _text(e["input"]) for e in lines]
+    keys = [str(e.get("uid")) if e.get("uid") is not None else as_text(e["input"]) for e in lines]
     group_of: dict[str, int] = {}
     group_ids, index_in_group, counts = [], [], {}
-    for k in keys:
+    scores = [_finite(e.get("score")) for e in lines]
+    scored: dict[int, list[int]] = {}  # group -> its lines that have a score
+    for i, k in enumerate(keys):
         g = group_of.setdefault(k, len(group_of))
         group_ids.append(g)
         index_in_group.append(counts.get(g, 0))
         counts[g] = counts.get(g, 0) + 1
-    scores = [_finite(e.get("score")) for e in lines]
+        if scores[i] is not None:
+            scored.setdefault(g, []).append(i)
     advantages: list[float | None] = [None] * len(lines)
-    for g in range(len(group_of)):
-        members = [i for i, gid in enumerate(group_ids) if gid == g and scores[i] is not None]
-        if members:
-            adv = group_advantages(torch.tensor([scores[i] for i in members], dtype=torch.float64), len(members))
-            for i, a in zip(members, adv.tolist(), strict=True):
-                advantages[i] = a
+    for members in scored.values():
+        adv = group_advantages(torch.tensor([scores[i] for i in members], dtype=torch.float64), len(members))
+        for i, a in zip(members, adv.tolist(), strict=True):
+            advantages[i] = a
     extra_names = sorted({k for e in lines for k, v in e.items() if k not in _VERL_FIELDS
                           and isinstance(v, (int, float)) and not isinstance(v, bool)})
     rollouts = {
         "rollout_id": list(range(len(lines))), "group_id": group_ids, "index_in_group": index_in_group,
-        "kind": ["train"] * len(lines), "prompt": [_text(e["input"]) for e in lines],
+        "kind": ["train"] * len(lines), "prompt": [as_text(e["input"]) for e in lines],
         "completion": [e["output"] for e in lines],
-        "answer": [None if e.get("gts") is None else _text(e["gts"]) for e in lines], "reward": scores,
-        "reward_components": [json.dumps({k: _finite(e.get(k)) for k in extra_names}) for e in lines],
+        "answer": [None if e.get("gts") is None else as_text(e["gts"]) for e in lines], "reward": scores,
+        "reward_components": [components_json({k: e.get(k) for k in extra_names}) for e in lines],
         "advantage": advantages,
     }
     return _Step(step, rollouts, {"source_file": path.name, "reward_keys": extra_names,
                                   "advantage_source": "recomputed: GRPO outcome advantage of score per group"})
 
 
-def _text(value: Any) -> str:
+def as_text(value: Any) -> str:
+    """A prompt or completion as text: plain strings as they are, conversations (lists of messages) as JSON."""
     return value if isinstance(value, str) else json.dumps(value, default=str, ensure_ascii=False)
+
+
+def components_json(components: dict[str, Any]) -> str:
+    """`rollouts.reward_components`: reward function name -> value, a missing or non-finite value as null."""
+    return json.dumps({name: _finite(value) for name, value in components.items()})
 
 
 # ---------------------------------------------------------------- writing

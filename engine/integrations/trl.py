@@ -52,7 +52,6 @@ entropies and registers the gradient hook. Callbacks never see per-token tensors
 
 from __future__ import annotations
 
-import json
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -69,7 +68,7 @@ except ImportError as err:  # pragma: no cover - depends on the installed extras
         "engine.integrations.trl needs TRL: install the extra with  pip install 'policylens[trl]'"
     ) from err
 
-from engine.importers import run_name_from_folder
+from engine.importers import as_text, components_json, run_name_from_folder
 from engine.objectives import CLIP_CAP, CLIP_HIGH, CLIP_LOW, CLIP_NONE, SAPO_SOFT_CAP_LEVEL, k3_kl
 from engine.rollout import TokenText
 from engine.runlog import RunLogError, RunWriter, validate_run_name
@@ -220,11 +219,6 @@ class _Pass:
     hooked: dict  # the tensor hook puts dLoss/dlogp (b, T) under "grad" during TRL's backward, after the call
 
 
-def _prompt_text(prompt: Any) -> str:
-    """A prompt or completion as text: plain strings as they are, conversations (lists of messages) as JSON."""
-    return prompt if isinstance(prompt, str) else json.dumps(prompt, default=str, ensure_ascii=False)
-
-
 # ---------------------------------------------------------------- the trainer
 
 
@@ -341,12 +335,10 @@ class PolicyLensGRPOTrainer(GRPOTrainer):
         rows = {
             "rollout_id": global_rows, "group_id": global_rows // group_size,
             "index_in_group": global_rows % group_size, "kind": ["train"] * n,
-            "prompt": [_prompt_text(p) for p in self._policylens_texts[0]],
-            "completion": [_prompt_text(c) for c in self._policylens_texts[1]],
+            "prompt": [as_text(p) for p in self._policylens_texts[0]],
+            "completion": [as_text(c) for c in self._policylens_texts[1]],
             "reward": total.numpy().astype(np.float64),
-            "reward_components": [
-                json.dumps({name: (None if math.isnan(v) else v) for name, v in zip(names, row, strict=True)})
-                for row in rewards.tolist()],
+            "reward_components": [components_json(dict(zip(names, row, strict=True))) for row in rewards.tolist()],
             "advantage": adv.numpy().astype(np.float64),
             "length": lengths.numpy().astype(np.int64), "truncated": truncated.numpy(), "rank": [rank] * n,
         }
