@@ -115,7 +115,8 @@ def synthetic_step(step: int, groups: int, group_size: int, length: int, passes:
         "clip_high_frac": float((token_passes["clip"] == CLIP_HIGH).mean()) if passes else 0.0,
         "clip_dual_frac": float((token_passes["clip"] == CLIP_CAP).mean()) if passes else 0.0,
         "response_len_mean": float(train["length"].mean()), "response_len_max": float(train["length"].max()),
-        "truncated_frac": float(train["truncated"].mean()), "groups_kept": int(groups - train["filtered"].sum() // 4),
+        "truncated_frac": float(train["truncated"].mean()),
+        "groups_kept": int(groups - train["filtered"].sum() // max(1, group_size)),
         "groups_filtered": int(train["filtered"].sum() // max(1, group_size)), "gen_batches": 1,
         "loss": float(rng.normal()), "grad_norm": float(rng.random()), "lr": 1e-5, "step_seconds": 2.0,
     }

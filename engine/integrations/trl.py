@@ -34,10 +34,11 @@ engine's objectives do not do; `kl` is the plain k3 value either way.
 `log_groups=K` keeps the tokens and token passes of only the first K groups of each step (the rollouts and the
 `steps` aggregates always cover the whole batch): a real run with thousands of long completions stays cheap.
 
-Cost: the per-token values of each mini-batch stay on the training device (no host sync inside TRL's loss) and
-are selected and copied to the host once per table when the step is written; token texts are decoded once per
-distinct token id (cached across steps); the Parquet encoding runs on the run log's writer thread. On the tiny
-model, where logging weighs most, this adds about 1-2% to TRL's CPU time per step (benchmarks/bench_trl.py).
+Cost: the per-token values of each mini-batch stay on the training device (no host sync inside TRL's loss;
+with `log_groups`, one small one per mini-batch to drop the rows not logged) and are selected and copied to the
+host once per table when the step is written; token texts are decoded once per distinct token id (cached across
+steps); the Parquet encoding runs on the run log's writer thread. On the tiny model, where logging weighs most,
+this adds about 1-2% to TRL's CPU time per step (benchmarks/bench_trl.py).
 
 Several processes (`accelerate launch --multi_gpu --num_processes N`, also on CPU): each process writes the
 rollouts it sampled into the same run with its rank (`rollouts.rank`); rollout ids are global row numbers of the
