@@ -29,7 +29,8 @@ How the behaviour the issue asks for is obtained:
    (files sorted by step, rollout, position, so row-group statistics prune a one-rollout query), and every
    ``_MERGE_FAN_IN`` chunks of one size into a bigger one: the file count grows with the log of the step count.
    Row groups have a fixed size whatever the merge path (`_FolderWriter`), so `RunWriter.log_many` can write a
-   bulk import straight into its final chunks; a reader lists a data folder again only when its mtime changed.
+   bulk import straight into its final chunks; closing a run merges its remaining step folders into one chunk;
+   a reader lists a data folder again only when its mtime changed.
    A reader that lists a chunk and the folders it replaced uses the chunk. The replaced folders are deleted
    ``_DELETE_GRACE_SECONDS`` later (readdir is no snapshot; see there); a reader whose view still names a
    deleted file refreshes and retries the query (`RunReader.sql`).
@@ -640,6 +641,7 @@ class RunWriter:
         self._executor = ThreadPoolExecutor(1, thread_name_prefix=f"runlog-{name}") if background else None
         self._pending: Future | None = None
         self._superseded: list[tuple[float, list[Path]]] = []  # (when replaced, folders) awaiting deletion
+        self._deleter: threading.Thread | None = None  # deletes them after `close`
         # Part of every step folder's name: a step logged again after `truncate_after` gets a new path, so no
         # reader can confuse it with the deleted one (DuckDB caches Parquet footers by path).
         self._session = f"{time.time_ns() // 1000:x}"
@@ -907,20 +909,27 @@ class RunWriter:
             self._update_meta(status=status)
 
     def close(self, status: str = "finished") -> None:
-        """Write what is pending, record `status` and release the writer lock. Safe to call twice.
+        """Write what is pending, merge the remaining step folders (unless `status` is crashed), record `status`
+        and release the writer lock. Safe to call twice.
 
-        May wait up to `_DELETE_GRACE_SECONDS` to delete folders a recent compaction replaced (see `_merge`)."""
+        The folders a recent merge replaced are deleted by a thread once `_DELETE_GRACE_SECONDS` have passed
+        (see `_merge`), so closing does not wait for it; the process exits after that thread."""
         if self._closed:
             return
         try:
             self.flush()
-            self._delete_superseded(wait=True)
+            if status != "crashed" and self.compact_every > 0:
+                self._compact_tail()
             self.set_status(status)
         finally:
             self._closed = True
             if self._executor is not None:
                 self._executor.shutdown(wait=True)
             self._lock.release()
+            if self._superseded:  # not a daemon: exiting waits for it (a kill leaves them to the next resume)
+                self._deleter = threading.Thread(target=self._delete_superseded, kwargs={"wait": True},
+                                                 name=f"runlog-delete-{self.name}")
+                self._deleter.start()
 
     # ---- internals
 
@@ -965,6 +974,15 @@ class RunWriter:
                 time.sleep(_DELETE_GRACE_SECONDS - age)
             for path in self._superseded.pop(0)[1]:
                 _remove_tree(path)
+
+    def _compact_tail(self) -> None:
+        """Merge this rank's remaining step folders into one chunk when the run closes: a finished run is then
+        read from a few files instead of up to `compact_every` more (listing 200 finished runs of 40 steps
+        opens 400 steps files instead of 1,800). Resuming later merges the way it always does."""
+        steps = [s for s in _scan_segments(self.data_dir) if s.rank == self.rank and not s.is_chunk]
+        if len(steps) > 1:
+            _merge(self.data_dir, steps, self.rank, _next_seq(self.data_dir))
+            self._superseded.append((time.monotonic(), [Path(s.path) for s in steps]))
 
     def _maybe_compact(self) -> None:
         """Merge this rank's step folders into a chunk once there are `compact_every` of them, and every

@@ -64,6 +64,12 @@ def write_run(logs: Path, name: str, steps: int, close: str | None = "finished",
     return writer
 
 
+def settled(writer: RunWriter) -> None:
+    """Wait until the folders that `writer`'s last merges replaced are deleted (a thread does it after `close`)."""
+    if writer._deleter is not None:
+        writer._deleter.join()
+
+
 def step_dir(data: Path, step: int, rank: int = 0) -> Path:
     [path] = data.glob(f"step-{step:09d}.rank{rank}.s*")
     return path
@@ -144,6 +150,7 @@ def test_compaction_keeps_every_row_once_and_bounds_folders(tmp_path):
     r = RunReader(tmp_path)
     assert token_counts(r, "c") == {s: 12 for s in range(21)}
     w.close()
+    settled(w)
     # 21 steps, chunks of 2 merged 8 at a time: one 16-step chunk, two 2-step chunks, the last step alone
     folders = sorted(os.listdir(data_dir_of(tmp_path / "c")))
     assert len(folders) == 4 and folders[0].startswith("chunk-000000000-000000015-"), folders
@@ -569,6 +576,8 @@ def test_log_many_writes_the_files_log_step_and_compaction_write(tmp_path, monke
     bulk.flush()
     bulk.log_many(range(5, 23), step_data)
     bulk.close()
+    settled(one_by_one)
+    settled(bulk)
 
     expected, got = _files_of(tmp_path / "a" / "run"), _files_of(tmp_path / "b" / "run")
     assert sorted(got) == sorted(expected)
@@ -640,3 +649,26 @@ def test_reader_limited_to_some_tables_opens_no_other_file(tmp_path):
     assert any("tokens.parquet" in p for p in RunReader(tmp_path).problems)
     with pytest.raises(RunLogError, match="unknown table"):
         RunReader(tmp_path, tables=("token",))
+
+
+def test_closing_merges_the_remaining_step_folders_into_one_chunk(tmp_path):
+    w = write_run(tmp_path, "t", 0, close=None, compact_every=4)
+    for step in range(7):  # one 4-step chunk and 3 step folders while running
+        w.log_step(step, **make_step(step))
+    w.flush()
+    data = data_dir_of(tmp_path / "t")
+    assert sum(not s.is_chunk for s in runlog._scan_segments(data)) == 3  # (replaced folders linger a moment)
+    w.close()
+    settled(w)
+    assert sorted(p.name[:25] for p in data.iterdir()) == ["chunk-000000000-000000003", "chunk-000000004-000000006"]
+    r = RunReader(tmp_path)
+    assert token_counts(r, "t") == {s: 12 for s in range(7)}
+    with RunWriter.resume(tmp_path, "t", compact_every=4) as w:  # and the run goes on from there
+        w.log_step(7, **make_step(7))
+    assert token_counts(r, "t") == {s: 12 for s in range(8)}
+
+
+def test_a_crashed_run_is_not_merged_on_close(tmp_path):
+    w = write_run(tmp_path, "t", 3, close=None, compact_every=4)
+    w.close("crashed")
+    assert len(list(data_dir_of(tmp_path / "t").glob("step-*"))) == 3
