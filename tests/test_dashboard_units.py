@@ -216,3 +216,38 @@ def test_metric_curves_tick_every_step_only_when_the_steps_span_few():
     assert figure.layout.xaxis.dtick is None
     dense = pd.DataFrame({"run": "a", "step": np.arange(6), "heldout_accuracy": np.linspace(0.2, 0.4, 6)})
     assert charts.metric_curves(dense, [("heldout_accuracy", "acc")]).layout.xaxis.dtick == 1
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_code_rectangles_cover_each_grid_cell_once_with_its_code(seed):
+    rng = np.random.default_rng(seed)
+    x = np.sort(rng.uniform(0, 4, 23))
+    y = np.sort(rng.uniform(-2, 2, 9))
+    codes = rng.integers(0, 3, (len(y), len(x)))
+    codes[3:6] = codes[2]  # equal rows, merged into one band
+    rects = charts.code_rectangles(x, y, codes)
+    # each grid point, moved off the grid's outer edge by a hair, is strictly inside one rectangle, of its code
+    probe_x, probe_y = np.clip(x, x[0] + 1e-9, x[-1] - 1e-9), np.clip(y, y[0] + 1e-9, y[-1] - 1e-9)
+    for j, yc in enumerate(probe_y):
+        for i, xc in enumerate(probe_x):
+            holding = [r for r in rects if r[0] < xc < r[1] and r[2] < yc < r[3]]
+            assert len(holding) == 1 and holding[0][4] == codes[j, i], (i, j, holding)
+    area = sum((x1 - x0) * (y1 - y0) for x0, x1, y0, y1, _ in rects)
+    assert area == pytest.approx((x[-1] - x[0]) * (y[-1] - y[0]))
+
+
+def test_clip_regions_of_the_objectives_are_a_few_rectangles():
+    # PPO-clip's decisions split the plane at A = 0 and at 1 -/+ eps: six rectangles, four of them clipped or not
+    x, y = np.linspace(0.0, 3.0, 121), np.linspace(-1.0, 1.0, 41)
+    rr, aa = np.meshgrid(x, y)
+    codes = np.where((aa > 0) & (rr > 1.2), 2, np.where((aa < 0) & (rr < 0.8), 1, 0))
+    rects = charts.code_rectangles(x, y, codes)
+    assert len(rects) == 5  # A < 0: low, none; A = 0: none; A > 0: none, high
+    assert {r[4] for r in rects} == {0, 1, 2}
+
+
+def test_scatter_keeps_one_token_per_pixel():
+    x = np.array([1.0, 1.0001, 1.5, np.nan, 2.0])
+    y = np.array([0.41, 0.4101, 0.41, 0.1, -0.5])
+    kept_x, kept_y = charts._one_per_pixel(x, y, [0.0, 3.0], [-1.0, 1.0])
+    assert kept_x.tolist() == [1.0, 1.5, 2.0] and kept_y.tolist() == [0.41, 0.41, -0.5]
