@@ -16,6 +16,8 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
+import numpy as np
+import pandas as pd
 import streamlit as st
 
 from dashboard.tokens import is_missing, number, plain  # noqa: F401  (pages use them through common)
@@ -63,6 +65,32 @@ def md(value) -> str:
         return "–"
     text = _LINK_STARTS.sub(lambda match: match.group(0) + WORD_JOINER, str(value))
     return _ASCII_PUNCTUATION.sub(r"\\\1", text)
+
+
+def static_table(container, frame, formats: dict[str, str] | None = None, max_rows: int = 30) -> None:
+    """A small table drawn as static HTML (`st.table`), for the tables redrawn at every step or knob change:
+    chromium draws a few rows in milliseconds, an interactive `st.dataframe` (a canvas grid) in about 70 ms on a
+    2-core machine. But each cell of `st.table` is a markdown element, so a long table costs far more than the
+    grid (400 rows: 2 s): more than `max_rows` rows go to `st.dataframe`. `st.table` renders markdown in every cell
+    and header, so each one goes through `md`; numbers are formatted with `formats[column]` (default: whole
+    numbers as such, others to 4 significant digits); a missing value reads "–"."""
+    if len(frame) > max_rows:
+        container.dataframe(frame, hide_index=True)
+        return
+    formats = formats or {}
+
+    def cell(value, spec: str | None) -> str:
+        if is_missing(value):
+            return "–"
+        if isinstance(value, bool | np.bool_) or not isinstance(value, numbers.Real):
+            return md(value)
+        if spec is None:
+            spec = "d" if float(value).is_integer() and abs(value) < 1e15 else ".4g"
+            value = int(value) if spec == "d" else value
+        return md(format(value, spec))
+
+    shown = pd.DataFrame({md(name): [cell(v, formats.get(name)) for v in frame[name]] for name in frame.columns})
+    container.table(shown, hide_index=True)
 
 
 def flag(value) -> bool:

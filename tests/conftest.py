@@ -13,6 +13,8 @@ is trained once per checkout, not once per test session.
 
 from __future__ import annotations
 
+import threading
+
 import pytest
 
 TINY = dict(
@@ -34,6 +36,14 @@ def tiny_config(**overrides):
     return TrainConfig(**{**TINY, **overrides})
 
 
+def settle_run_logs() -> None:
+    """Wait until the folders that the last merges of closed runs replaced are deleted (`RunWriter.close` leaves
+    that to a thread, after a grace period): tests that read the Parquet files directly then see each row once."""
+    for thread in threading.enumerate():
+        if thread.name.startswith("runlog-delete-"):
+            thread.join()
+
+
 @pytest.fixture(scope="session")
 def warm_cache(request, tmp_path_factory):
     """Folder of cached warm-started models, persistent across sessions when pytest's cache is enabled."""
@@ -49,8 +59,10 @@ def run_tiny(warm_cache):
     from engine.train import train
 
     def run(logs_dir, name, resume=False, **overrides):
-        return train(tiny_config(**overrides), name, logs_dir, resume=resume, cache_dir=warm_cache,
-                     progress=False, num_threads=1)
+        status = train(tiny_config(**overrides), name, logs_dir, resume=resume, cache_dir=warm_cache,
+                       progress=False, num_threads=1)
+        settle_run_logs()
+        return status
 
     return run
 

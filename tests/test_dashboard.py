@@ -68,6 +68,17 @@ def dataframe(at: AppTest, *columns: str) -> pd.DataFrame:
     raise AssertionError(f"no table with columns {columns}")
 
 
+def table(at: AppTest, *columns: str) -> pd.DataFrame:
+    """The first static table (`common.static_table`) that has all these columns, as the reader sees its cells
+    (markdown escapes resolved): strings, numbers as formatted."""
+    for element in at.table:
+        value = element.value
+        value = pd.DataFrame({shown(str(c)): [shown(str(v)) for v in value[c]] for c in value.columns})
+        if all(c in value.columns for c in columns):
+            return value
+    raise AssertionError(f"no static table with columns {columns}")
+
+
 def array(field) -> np.ndarray:
     """A plotly JSON array: a list, or plotly 6's typed array {"dtype": ..., "bdata": base64}."""
     if isinstance(field, dict) and "bdata" in field:
@@ -197,10 +208,10 @@ def test_replay_follows_an_eval_prompt_across_steps(trained, monkeypatch):
     if evals.empty:
         pytest.skip("the tiny run logged no eval rollouts")
     prompt_id = int(evals["prompt_id"].min())
-    history = dataframe(at, "step", "sample", "completion", "at")
+    history = table(at, "step", "sample", "completion", "at")
     expected = evals[evals["prompt_id"] == prompt_id].sort_values(["step", "index_in_group"])
     assert history["completion"].tolist() == expected["completion"].tolist()
-    np.testing.assert_allclose(history["reward"], expected["reward"], rtol=1e-9)
+    np.testing.assert_allclose(history["reward"].astype(float), expected["reward"], rtol=1e-3)  # 4 digits shown
     # Moving the replay slider redraws the distributions of that step.
     steps = sorted(independent(logs_dir, "steps", "WHERE run = ?", [run])["step"].unique())
     if len(steps) > 1:
@@ -244,9 +255,9 @@ def test_weighting_page_reports_what_policy_loss_computes(trained, monkeypatch):
     at = open_page(logs_dir, "algorithm_weighting", monkeypatch, run=run, step=step)
     group = int(at.query_params["group"])
     update = int(at.query_params["update"]) if "update" in at.query_params else None
-    table = dataframe(at, "algorithm", "low", "high").set_index("algorithm")
+    fractions = table(at, "algorithm", "low", "high").set_index("algorithm")
     # every algorithm of the registry, in its order; those with a critic only for runs that logged its values
-    assert list(table.index) == [a for a in ALGORITHMS if not OBJECTIVES[a].critic]
+    assert list(fractions.index) == [a for a in ALGORITHMS if not OBJECTIVES[a].critic]
     # Independently: build the (B, T) tensors from the files and ask policy_loss for GRPO's clip fractions.
     ids = independent(logs_dir, "rollouts", "WHERE run = ? AND step = ? AND group_id = ? AND kind = 'train'",
                       [run, step, group]).sort_values("rollout_id")["rollout_id"].tolist()
@@ -276,8 +287,9 @@ def test_weighting_page_reports_what_policy_loss_computes(trained, monkeypatch):
                       ref_logp=torch.tensor(np.where(grids["mask"] > 0, grids["ref_logp"], grids["new_logp"]))
                       if has_ref else None, entropy=torch.tensor(grids["entropy"]))
     codes = out.clip.numpy()[grids["mask"] > 0]
-    assert table.loc["grpo", "low"] == pytest.approx((codes == CLIP_LOW).mean())
-    assert table.loc["grpo", "high"] == pytest.approx((codes == CLIP_HIGH).mean())
+    # shown to 3 decimals
+    assert float(fractions.loc["grpo", "low"]) == pytest.approx((codes == CLIP_LOW).mean(), abs=5e-4)
+    assert float(fractions.loc["grpo", "high"]) == pytest.approx((codes == CLIP_HIGH).mean(), abs=5e-4)
     # Changing a knob recomputes: GRPO with a huge clip range clips nothing.
     knobs = at.session_state["weigh_knobs"]
     assert knobs is not None
@@ -383,6 +395,8 @@ def markdown_bodies(at: AppTest) -> list[str]:
                                    "success") for e in getattr(at, kind)]
     bodies += [e.label for e in at.expander] + [e.label for e in at.metric]
     bodies += [e.proto.label for e in at.get("page_link")]
+    for element in at.table:  # static tables render markdown in every header and cell
+        bodies += [str(c) for c in element.value.columns] + [str(v) for v in element.value.to_numpy().ravel()]
     return bodies
 
 
@@ -425,6 +439,8 @@ def test_logged_text_is_shown_as_text_on_every_page(hostile_logs, monkeypatch):
             assert f"Reference answer: {hostile}" in text and f"Filtered from the update: {hostile}" in text
         if page == "replay":
             assert f"Solve {hostile}" in text
+            completions = table(at, "completion", "reward")["completion"].tolist()  # a static table: markdown
+            assert completions and all(c in HOSTILE_TEXTS for c in completions), completions
 
 
 @pytest.fixture(scope="module")
@@ -463,7 +479,7 @@ def test_every_page_works_on_a_minimal_run(minimal_logs, run, page, monkeypatch)
     if run == "my-run" and page == "token_inspector":
         assert at.get("html") and 'class="pl-token"' in at.get("html")[0].proto.body
     if run == "my-run" and page == "algorithm_weighting":
-        assert "grpo" in dataframe(at, "algorithm", "low", "high")["algorithm"].tolist()
+        assert "grpo" in table(at, "algorithm", "low", "high")["algorithm"].tolist()
 
 
 def test_prm_page_on_an_outcome_supervised_run_shows_raw_step_rewards(trained, trained_prm, tmp_path, monkeypatch):
@@ -595,8 +611,7 @@ def test_weighting_page_adds_ppo_for_a_run_with_a_critic(trained_ppo, monkeypatc
     logs_dir, run = trained_ppo
     step = last_step(logs_dir, run)
     at = open_page(logs_dir, "algorithm_weighting", monkeypatch, run=run, step=step)
-    table = dataframe(at, "algorithm", "low", "high").set_index("algorithm")
-    assert list(table.index) == list(ALGORITHMS)
+    assert table(at, "algorithm", "low", "high")["algorithm"].tolist() == list(ALGORITHMS)
 
 
 def test_runs_page_shows_the_critics_curves_for_a_ppo_run(trained_ppo, monkeypatch):

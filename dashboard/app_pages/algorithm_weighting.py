@@ -134,8 +134,7 @@ left.plotly_chart(charts.total_weight_vs_length(totals), key="total_weight_vs_le
 fractions = pd.DataFrame([recompute.clip_fraction_row(a, w) for a, w in results.items()])
 right.markdown("**Clip decisions** (fraction of tokens)")
 right.plotly_chart(charts.clip_fractions(fractions), key="clip_fractions")
-right.dataframe(fractions, hide_index=True, key="clip_table",
-                column_config={c: st.column_config.NumberColumn(c, format="%.3f") for c in fractions.columns[1:]})
+common.static_table(right, fractions, {c: ".3f" for c in fractions.columns[1:]})
 
 st.subheader("Where each algorithm clips: ratio × advantage")
 ratios = {a: w.ratio[np.isfinite(w.ratio)] for a, w in results.items()}
@@ -154,5 +153,5 @@ st.caption("Shaded: the objective's decision for a single token at that ratio an
            "zero gradient; red: clipped high, zero gradient; purple: capped with the gradient kept). Dots: this "
            "batch's tokens at the ratio each algorithm uses (GSPO: the sequence ratio).")
 with st.expander("Resolved hyper-parameters"):
-    st.dataframe(pd.DataFrame({a: {k: str(v) for k, v in w.params.items()} for a, w in results.items()}),
-                 key="resolved_params")
+    params = pd.DataFrame({a: {k: str(v) for k, v in w.params.items()} for a, w in results.items()})
+    common.static_table(st, params.rename_axis("parameter").reset_index())

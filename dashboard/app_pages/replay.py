@@ -1,5 +1,7 @@
 """Replay: scrub or play through a run's steps; curves grow to the step, its distributions and a group redraw,
-and an eval prompt's answers are followed across steps and across runs."""
+and an eval prompt's answers are followed across steps and across runs.
+
+Everything below the step slider is redrawn at each step, so its tables are static (`common.static_table`)."""
 
 from __future__ import annotations
 
@@ -55,10 +57,8 @@ def replay_panel() -> None:
                    f"{common.number(group.reward_mean, '.3f')}, std {common.number(group.reward_std, '.3f')} · "
                    f"{group.outcome}")
         members = train[train["group_id"] == group.group_id]
-        st.dataframe(
-            members[["index_in_group", "completion", "reward", "advantage", "length", "truncated", "filtered"]],
-            hide_index=True, key="replay_group",
-        )
+        common.static_table(
+            st, members[["index_in_group", "completion", "reward", "advantage", "length", "truncated", "filtered"]])
     follow_eval_prompt(step)
 
 
@@ -82,13 +82,12 @@ def follow_eval_prompt(step: int) -> None:
     across_steps, across_runs = st.columns(2)
     history = common.load("the eval history", queries.eval_prompt_history, logs, run, prompt_id, selection.version)
     across_steps.markdown(f"**{common.md(run)}, step by step** (this step marked ▶)")
-    across_steps.dataframe(
-        history.assign(at=history["step"].map(lambda s: "▶" if s == step else "")).drop(columns=["rollout_id"]),
-        hide_index=True, key="eval_history",
-    )
+    common.static_table(
+        across_steps,
+        history.assign(at=history["step"].map(lambda s: "▶" if s == step else "")).drop(columns=["rollout_id"]))
     others = common.load("other runs", queries.eval_prompt_across_runs, logs, selection.task, prompt_id, step)
     across_runs.markdown(f"**Every {common.md(selection.task)} run at step {step}** (its latest evaluation so far)")
-    across_runs.dataframe(others, hide_index=True, key="eval_across_runs")
+    common.static_table(across_runs, others)
 
 
 replay_panel()
