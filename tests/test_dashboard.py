@@ -256,8 +256,9 @@ def test_weighting_page_reports_what_policy_loss_computes(trained, monkeypatch):
     group = int(at.query_params["group"])
     update = int(at.query_params["update"]) if "update" in at.query_params else None
     fractions = table(at, "algorithm", "low", "high").set_index("algorithm")
-    # every algorithm of the registry, in its order; those with a critic only for runs that logged its values
-    assert list(fractions.index) == [a for a in ALGORITHMS if not OBJECTIVES[a].critic]
+    # GRPO, DAPO, GSPO and ASPO to start with, in the registry's order; every other one but PPO (no critic) offered
+    assert list(fractions.index) == ["grpo", "dapo", "gspo", "aspo"]
+    assert at.multiselect(key="weigh_algorithms").options == [a for a in ALGORITHMS if not OBJECTIVES[a].critic]
     # Independently: build the (B, T) tensors from the files and ask policy_loss for GRPO's clip fractions.
     ids = independent(logs_dir, "rollouts", "WHERE run = ? AND step = ? AND group_id = ? AND kind = 'train'",
                       [run, step, group]).sort_values("rollout_id")["rollout_id"].tolist()
@@ -290,9 +291,12 @@ def test_weighting_page_reports_what_policy_loss_computes(trained, monkeypatch):
     # shown to 3 decimals
     assert float(fractions.loc["grpo", "low"]) == pytest.approx((codes == CLIP_LOW).mean(), abs=5e-4)
     assert float(fractions.loc["grpo", "high"]) == pytest.approx((codes == CLIP_HIGH).mean(), abs=5e-4)
-    # Changing a knob recomputes: GRPO with a huge clip range clips nothing.
-    knobs = at.session_state["weigh_knobs"]
-    assert knobs is not None
+    # Choosing every algorithm (in any order) weighs each of them, listed in the registry's order.
+    at.multiselect(key="weigh_algorithms").set_value(["gmpo", *reversed(fractions.index), "cispo"]).run()
+    assert not at.exception
+    chosen = ["grpo", "dapo", "gspo", "aspo", "cispo", "gmpo"]
+    assert table(at, "algorithm", "low", "high")["algorithm"].tolist() == [a for a in ALGORITHMS if a in chosen]
+    assert len(plotly_spec(at, "weight_heatmaps")["data"]) == len(chosen)
 
 
 # ---------------------------------------------------------------- behaviour
@@ -611,7 +615,8 @@ def test_weighting_page_adds_ppo_for_a_run_with_a_critic(trained_ppo, monkeypatc
     logs_dir, run = trained_ppo
     step = last_step(logs_dir, run)
     at = open_page(logs_dir, "algorithm_weighting", monkeypatch, run=run, step=step)
-    assert table(at, "algorithm", "low", "high")["algorithm"].tolist() == list(ALGORITHMS)
+    assert table(at, "algorithm", "low", "high")["algorithm"].tolist() == ["grpo", "dapo", "gspo", "aspo", "ppo"]
+    assert at.multiselect(key="weigh_algorithms").options == list(ALGORITHMS)
 
 
 def test_runs_page_shows_the_critics_curves_for_a_ppo_run(trained_ppo, monkeypatch):
