@@ -38,7 +38,7 @@ def get_reader(logs_dir: str):
     return RunReader(logs_dir, memory_limit=READER_MEMORY_LIMIT)
 
 
-def sql(logs_dir: str, query: str, params: list | None = None) -> pd.DataFrame:
+def sql(logs_dir: str, query: str, params: list | dict | None = None) -> pd.DataFrame:
     """Run one query through the shared reader."""
     return get_reader(logs_dir).sql(query, params or [])
 
@@ -104,12 +104,14 @@ def config_diff(table: pd.DataFrame) -> pd.DataFrame:
 # ---------------------------------------------------------------- one step
 
 
-def id_range(rollout_ids: tuple[int, ...]) -> tuple[int | None, int | None]:
-    """The smallest and largest of some rollout ids, for `rollout_id BETWEEN ? AND ?` next to `list_contains`:
-    DuckDB checks a range against each row group's min/max statistics (files are sorted by step, rollout id),
-    so a query for one rollout decodes its one or two row groups instead of the whole step (171 -> ~20 ms at
-    100M token rows); `list_contains` alone is not pushed into the scan."""
-    return (min(rollout_ids), max(rollout_ids)) if rollout_ids else (None, None)
+def rollouts_of_step(run: str, step: int, rollout_ids: tuple[int, ...], **more) -> dict:
+    """Named parameters for "these rollouts of a step": $run, $step, $ids and $first_id / $last_id, the smallest and
+    largest id, for `rollout_id BETWEEN $first_id AND $last_id` next to `list_contains($ids, rollout_id)`: DuckDB
+    checks a range against each row group's min/max statistics (files are sorted by step, rollout id), so a query
+    for one rollout decodes its one or two row groups instead of the whole step (171 -> ~20 ms at 100M token
+    rows); `list_contains` alone is not pushed into the scan. `more`: the query's other parameters."""
+    first, last = (min(rollout_ids), max(rollout_ids)) if rollout_ids else (None, None)
+    return {"run": run, "step": step, "ids": list(rollout_ids), "first_id": first, "last_id": last, **more}
 
 
 ROLLOUT_COLUMNS = """rollout_id, group_id, index_in_group, kind, prompt_id, prompt, completion, answer, reward,
@@ -169,9 +171,10 @@ def update_count(logs_dir: str, run: str, step: int, rollout_ids: tuple[int, ...
         logs_dir,
         """SELECT coalesce(max(n), 0) AS n FROM (
                SELECT rollout_id, count(DISTINCT "pass") AS n FROM token_passes
-               WHERE run = ? AND step = ? AND rollout_id BETWEEN ? AND ? AND list_contains(?, rollout_id)
+               WHERE run = $run AND step = $step AND rollout_id BETWEEN $first_id AND $last_id
+                     AND list_contains($ids, rollout_id)
                GROUP BY rollout_id)""",
-        [run, step, *id_range(rollout_ids), list(rollout_ids)],
+        rollouts_of_step(run, step, rollout_ids),
     )
     return int(frame["n"].iloc[0])
 
@@ -218,25 +221,26 @@ def tokens_at_update(logs_dir: str, run: str, step: int, rollout_ids: tuple[int,
         """
         WITH used AS (
             SELECT DISTINCT rollout_id, "pass" FROM token_passes
-            WHERE run = ? AND step = ? AND rollout_id BETWEEN ? AND ? AND list_contains(?, rollout_id)
+            WHERE run = $run AND step = $step AND rollout_id BETWEEN $first_id AND $last_id
+                  AND list_contains($ids, rollout_id)
         ), ranked AS (
             SELECT rollout_id, "pass", row_number() OVER (PARTITION BY rollout_id ORDER BY "pass") - 1 AS k,
                    count(*) OVER (PARTITION BY rollout_id) AS n
             FROM used
         ), chosen AS (
-            SELECT rollout_id, "pass" FROM ranked WHERE k = CASE WHEN ? < 0 THEN n - 1 ELSE ? END
+            SELECT rollout_id, "pass" FROM ranked WHERE k = CASE WHEN $update < 0 THEN n - 1 ELSE $update END
         ), passes AS (
             SELECT p.* FROM token_passes p JOIN chosen c ON c.rollout_id = p.rollout_id AND c."pass" = p."pass"
-            WHERE p.run = ? AND p.step = ? AND p.rollout_id BETWEEN ? AND ?
+            WHERE p.run = $run AND p.step = $step AND p.rollout_id BETWEEN $first_id AND $last_id
         )
         SELECT t.rollout_id, t.position, t.token_id, t.token_text, t.old_logp, t.ref_logp, t.entropy, t.advantage,
                t.prm_step, p."pass", p.new_logp, p.ratio, p.clip, p.grad_weight, p.token_loss, p.kl
         FROM tokens t LEFT JOIN passes p ON p.rollout_id = t.rollout_id AND p.position = t.position
-        WHERE t.run = ? AND t.step = ? AND t.rollout_id BETWEEN ? AND ? AND list_contains(?, t.rollout_id)
+        WHERE t.run = $run AND t.step = $step AND t.rollout_id BETWEEN $first_id AND $last_id
+              AND list_contains($ids, t.rollout_id)
         ORDER BY t.rollout_id, t.position
         """,
-        [run, step, *id_range(rollout_ids), list(rollout_ids), update, update, run, step, *id_range(rollout_ids),
-         run, step, *id_range(rollout_ids), list(rollout_ids)],
+        rollouts_of_step(run, step, rollout_ids, update=update),
     )
 
 
@@ -249,13 +253,14 @@ def rollout_tokens(logs_dir: str, run: str, step: int, rollout_ids: tuple[int, .
         SELECT t.rollout_id, t.position, t.token_id, t.token_text, t.old_logp, t.ref_logp, t.entropy, t.advantage,
                t.prm_step, p."pass", p.new_logp, p.ratio, p.clip, p.grad_weight, p.token_loss, p.kl
         FROM tokens t
-        LEFT JOIN (SELECT * FROM token_passes WHERE run = ? AND step = ? AND "pass" = ?
-                   AND rollout_id BETWEEN ? AND ?) p
+        LEFT JOIN (SELECT * FROM token_passes WHERE run = $run AND step = $step AND "pass" = $pass
+                   AND rollout_id BETWEEN $first_id AND $last_id) p
                ON p.rollout_id = t.rollout_id AND p.position = t.position
-        WHERE t.run = ? AND t.step = ? AND t.rollout_id BETWEEN ? AND ? AND list_contains(?, t.rollout_id)
+        WHERE t.run = $run AND t.step = $step AND t.rollout_id BETWEEN $first_id AND $last_id
+              AND list_contains($ids, t.rollout_id)
         ORDER BY t.rollout_id, t.position
         """,
-        [run, step, pass_, *id_range(rollout_ids), run, step, *id_range(rollout_ids), list(rollout_ids)],
+        rollouts_of_step(run, step, rollout_ids, **{"pass": pass_}),
     )
 
 
@@ -265,9 +270,10 @@ def prm_steps(logs_dir: str, run: str, step: int, rollout_ids: tuple[int, ...]) 
     return sql(
         logs_dir,
         """SELECT rollout_id, step_index, first_pos, last_pos, text, reward_raw, reward_norm FROM prm_steps
-           WHERE run = ? AND step = ? AND rollout_id BETWEEN ? AND ? AND list_contains(?, rollout_id)
+           WHERE run = $run AND step = $step AND rollout_id BETWEEN $first_id AND $last_id
+                 AND list_contains($ids, rollout_id)
            ORDER BY rollout_id, step_index""",
-        [run, step, *id_range(rollout_ids), list(rollout_ids)],
+        rollouts_of_step(run, step, rollout_ids),
     )
 
 
@@ -278,9 +284,10 @@ def critic_tokens(logs_dir: str, run: str, step: int, rollout_ids: tuple[int, ..
     return sql(
         logs_dir,
         """SELECT rollout_id, position, token_text, advantage, value, "return", kl_reward, prm_step FROM tokens
-           WHERE run = ? AND step = ? AND rollout_id BETWEEN ? AND ? AND list_contains(?, rollout_id)
+           WHERE run = $run AND step = $step AND rollout_id BETWEEN $first_id AND $last_id
+                 AND list_contains($ids, rollout_id)
            ORDER BY rollout_id, position""",
-        [run, step, *id_range(rollout_ids), list(rollout_ids)],
+        rollouts_of_step(run, step, rollout_ids),
     )
 
 
