@@ -221,6 +221,7 @@ def time_functions(logs_dir: Path, run: str, repeat: int) -> list[tuple[str, flo
     """Query + chart functions on their own (no Streamlit script run), caches bypassed via __wrapped__; medians of
     wall time and of CPU time (every thread's, DuckDB's included: the cost on a machine busy with other work)."""
     from dashboard import charts, queries, recompute
+    from dashboard.common import latest_steps_within
     from dashboard.tokens import CHANNELS, token_heatmap_html
     from engine.objectives import ALGORITHMS
 
@@ -258,12 +259,16 @@ def time_functions(logs_dir: Path, run: str, repeat: int) -> list[tuple[str, flo
     timed("rollout_total_weights", queries.rollout_total_weights, logs, run, middle)
     timed("eval_prompts", queries.eval_prompts, logs, run, version)
     timed("eval_prompt_history", queries.eval_prompt_history, logs, run, 0, version)
-    first = int(reader.sql("SELECT min(step) AS s FROM steps WHERE run = ?", [run])["s"][0])
-    stats = timed("token_stats (whole run)", queries.token_stats, logs, run, first, last, 0, version)
-    timed("token_stats (whole run, by 8 positions)", queries.token_stats, logs, run, first, last, 8, version)
-    timed("rollouts_with_token (whole run)", queries.rollouts_with_token, logs, run, first, last,
+    # The Token statistics page opens on the latest steps within a token budget (a whole 100M-token run: 44 s).
+    all_steps = sorted(int(s) for s in steps["step"])
+    per_step = timed("train_tokens_per_step", queries.train_tokens_per_step, logs, run, version)
+    first = latest_steps_within(all_steps, per_step, queries.STATS_DEFAULT_TOKENS)
+    span = f"steps {first}-{last}"
+    stats = timed(f"token_stats ({span})", queries.token_stats, logs, run, first, last, 0, version)
+    timed(f"token_stats ({span}, by 8 positions)", queries.token_stats, logs, run, first, last, 8, version)
+    timed(f"rollouts_with_token ({span})", queries.rollouts_with_token, logs, run, first, last,
           str(stats["token_text"].iloc[0]), 0, None)
-    bins = timed("entropy_bins (whole run)", queries.entropy_bins, logs, (run,), first, last, 10, version)
+    bins = timed(f"entropy_bins ({span})", queries.entropy_bins, logs, (run,), first, last, 10, version)
     timed("entropy_bin_bars figure", charts.entropy_bin_bars, bins, 10, queries.ASPO_ENTROPY_QUANTILE)
     batch = timed("batch_from_tokens (1 group)", recompute.batch_from_tokens, group_tokens)
     for algo in ALGORITHMS:

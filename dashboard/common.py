@@ -93,6 +93,17 @@ def static_table(container, frame, formats: dict[str, str] | None = None, max_ro
     container.table(shown, hide_index=True)
 
 
+def latest_steps_within(steps: list[int], tokens_per_step: dict[int, int], budget: int) -> int:
+    """The first of the latest `steps` whose tokens add up to at most `budget` (the last step at least)."""
+    first, total = steps[-1], 0
+    for step in reversed(steps):
+        total += tokens_per_step.get(step, 0)
+        if total > budget:
+            break
+        first = step
+    return first
+
+
 def flag(value) -> bool:
     """A logged boolean that may be NULL (a column the logger left out): only a real True counts."""
     return not is_missing(value) and bool(value)

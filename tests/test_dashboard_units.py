@@ -13,7 +13,7 @@ from markdown_it import MarkdownIt
 from synthetic_runs import AUTOLINK_OR_SHORTCODE, HOSTILE_TEXTS
 
 from dashboard import charts
-from dashboard.common import WORD_JOINER, flag, md, number, plain
+from dashboard.common import WORD_JOINER, flag, latest_steps_within, md, number, plain
 from dashboard.tokens import CHANNELS, channel_range, reasoning_steps_html, token_heatmap_html, visible_text
 from engine.cli import build_parser, dashboard_command
 
@@ -251,3 +251,12 @@ def test_scatter_keeps_one_token_per_pixel():
     y = np.array([0.41, 0.4101, 0.41, 0.1, -0.5])
     kept_x, kept_y = charts._one_per_pixel(x, y, [0.0, 3.0], [-1.0, 1.0])
     assert kept_x.tolist() == [1.0, 1.5, 2.0] and kept_y.tolist() == [0.41, 0.41, -0.5]
+
+
+def test_latest_steps_within_a_token_budget():
+    steps, tokens = [0, 2, 4, 6], {0: 50, 2: 30, 4: 20, 6: 10}
+    assert latest_steps_within(steps, tokens, 30) == 4  # 10 + 20 fit, + 30 does not
+    assert latest_steps_within(steps, tokens, 60) == 2  # exactly 60
+    assert latest_steps_within(steps, tokens, 1000) == 0  # the whole run
+    assert latest_steps_within(steps, tokens, 5) == 6  # the last step even when it alone is over the budget
+    assert latest_steps_within(steps, {}, 5) == 0  # no lengths logged: nothing to bound by

@@ -19,7 +19,12 @@ st.header("Token statistics")
 
 left, right = st.columns([3, 2])
 if len(steps) > 1:
-    first, last = left.select_slider("Steps", steps, value=(steps[0], steps[-1]), key="stats_steps")
+    per_step = common.load("the tokens per step", queries.train_tokens_per_step, logs, run, selection.version)
+    start = common.latest_steps_within(steps, per_step, queries.STATS_DEFAULT_TOKENS)
+    first, last = left.select_slider("Steps", steps, value=(start, steps[-1]), key="stats_steps")
+    if start != steps[0]:
+        left.caption(f"Opened on the latest steps holding at most {queries.STATS_DEFAULT_TOKENS:,} train tokens; "
+                     "a whole large run takes far longer (100M tokens: about a minute).")
 else:
     first = last = steps[0]
 bucket_name = right.selectbox("Split by position", list(BUCKETS), key="stats_bucket")
