@@ -151,6 +151,7 @@ page = st.navigation(
                 url_path="weighting"),
     ]
 )
-# The page runs as a fragment: its own widgets (a rollout, a channel, a group) rerun the page only, not this frame
-# (run list, sidebar pickers, problems), which they cannot change. Sidebar choices and new steps rerun everything.
-st.fragment(page.run)()
+# The page runs inside the script run, not as a fragment of its own: a fragment rerun calls `page.run()` a second
+# time without `st.navigation`, which Streamlit refuses, so every widget inside a page would crash it. A widget
+# change reruns the frame too, which costs a few cached lookups (see docs/benchmarks.md).
+page.run()

@@ -1,0 +1,246 @@
+"""Change every widget a dashboard page shows, in a real browser, and fail on any exception or error box.
+
+Used by tests/test_browser_widgets.py (every page, every widget, on a served `policylens dashboard`) and by
+benchmarks/bench_browser.py (which times the same changes). The widgets are found in the page itself, not in a
+hand-kept list, so a widget added to a page is exercised the day it is added.
+
+How "the app has finished" is known: Streamlit's own messages. A `ServerWatch` reads every message the server sends
+on the page's websocket (Streamlit's `ForwardMsg` protobuf) and counts the script runs reported finished, full runs
+and fragment runs alike; the running indicator in the page can come and go between two polls of a fast fragment run
+and so cannot be trusted alone. The same messages carry every exception and `st.error` the script drew.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from dataclasses import dataclass, field
+
+QUIET_MS = 500
+"""A change is drawn once nothing in the document changed for this long after the script finished."""
+LOAD_QUIET_MS = 1500
+"""The same for a page load, whose first tables and charts wait for their code to be fetched."""
+
+WIDGETS = ("stSelectbox", "stMultiSelect", "stSlider", "stRadio", "stCheckbox", "stNumberInput", "stTextInput",
+           "stTextArea", "stButton", "stDownloadButton", "stButtonGroup", "stDataFrame")
+"""Streamlit's test ids of the widgets a page can show (a `stDataFrame` counts when it has editable cells)."""
+
+# Installed before any script of the page: the time of the latest change to the document.
+WATCH_MUTATIONS = """
+window.__lastChange = performance.now();
+new MutationObserver(() => { window.__lastChange = performance.now(); })
+    .observe(document, {subtree: true, childList: true, attributes: true, characterData: true});
+"""
+
+# The widgets of the main area, then the sidebar's (changing the run there changes every other widget), in document
+# order; an editable table counts, a read-only one does not; hidden ones (a collapsed expander) do not.
+ALL_WIDGETS = """
+(ids) => {
+  const out = [];
+  for (const area of ['stMain', 'stSidebar']) {
+    const root = document.querySelector(`[data-testid="${area}"]`);
+    if (!root) continue;
+    for (const el of root.querySelectorAll(ids.map(id => `[data-testid="${id}"]`).join(','))) {
+      const readOnlyTable = el.dataset.testid === 'stDataFrame'
+          && !el.querySelector('td[role="gridcell"][aria-readonly="false"]');
+      if (readOnlyTable || el.offsetParent === null) continue;
+      out.push([area, el]);
+    }
+  }
+  return out;
+}
+"""
+FIND_WIDGETS = f"""
+(ids) => {{
+  const seen = {{}};
+  return ({ALL_WIDGETS})(ids).map(([area, el], index) => {{
+    const kind = el.dataset.testid;
+    el.dataset.plWidget = index;  // for `change` to find it
+    const labelled = el.querySelector('label, [data-testid="stWidgetLabel"]');
+    let label = (labelled ? labelled.innerText : el.innerText || '').trim().split('\\n')[0].slice(0, 60);
+    if (!label) label = el.getAttribute('aria-label') || '';
+    let name = `${{area === 'stMain' ? 'main' : 'sidebar'}}: ${{kind}} "${{label}}"`;
+    seen[name] = (seen[name] || 0) + 1;
+    if (seen[name] > 1) name += ` #${{seen[name]}}`;
+    return {{name, kind, index}};
+  }});
+}}
+"""
+
+
+@dataclass
+class ServerWatch:
+    """What the server said on the page's websocket: finished script runs, exceptions and error boxes."""
+
+    finished: int = 0
+    running: bool = False
+    last_message: float = field(default_factory=time.monotonic)
+    statuses: list[str] = field(default_factory=list)
+    problems: list[str] = field(default_factory=list)
+    _lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def attach(self, page) -> ServerWatch:
+        page.on("websocket", self._on_socket)
+        page.add_init_script(WATCH_MUTATIONS)
+        return self
+
+    def _on_socket(self, socket) -> None:
+        if "_stcore/stream" in socket.url:
+            socket.on("framereceived", self._on_frame)
+
+    def _on_frame(self, payload) -> None:
+        from streamlit.proto.Alert_pb2 import Alert
+        from streamlit.proto.ForwardMsg_pb2 import ForwardMsg
+
+        if isinstance(payload, str):
+            return
+        message = ForwardMsg()
+        try:
+            message.ParseFromString(payload)
+        except Exception:  # not a message of this Streamlit version: say so rather than miss problems silently
+            with self._lock:
+                self.problems.append("a websocket frame that is not a ForwardMsg")
+            return
+        kind = message.WhichOneof("type")
+        with self._lock:
+            self.last_message = time.monotonic()
+            if kind == "session_status_changed":
+                self.running = message.session_status_changed.script_is_running
+            elif kind == "script_finished":
+                self.finished += 1
+                self.statuses.append(ForwardMsg.ScriptFinishedStatus.Name(message.script_finished))
+            elif kind == "delta" and message.delta.WhichOneof("type") == "new_element":
+                element = message.delta.new_element
+                if element.WhichOneof("type") == "exception":
+                    self.problems.append(f"exception {element.exception.type}: {element.exception.message}")
+                elif element.WhichOneof("type") == "alert" and element.alert.format == Alert.ERROR:
+                    self.problems.append(f"error box: {element.alert.body}")
+
+    def count(self) -> int:
+        with self._lock:
+            return self.finished
+
+    def idle(self, runs_before: int | None, quiet_s: float = 0.0) -> bool:
+        """Whether a script run finished since `runs_before` (None: no run expected), none is running now, and the
+        server said nothing for `quiet_s` (a page's first run can be followed by another one)."""
+        with self._lock:
+            return ((runs_before is None or self.finished > runs_before) and not self.running
+                    and time.monotonic() - self.last_message > quiet_s)
+
+    def take_problems(self) -> list[str]:
+        with self._lock:
+            problems, self.problems = self.problems, []
+            return problems
+
+
+def page_problems(page) -> list[str]:
+    """Exceptions and error boxes drawn in the page right now (the server's messages are the first witness)."""
+    return page.eval_on_selector_all(
+        '[data-testid="stException"], [data-testid="stAlertContentError"]',
+        "els => els.map(e => e.innerText.slice(0, 300))")
+
+
+# The page clock, the time of its last change, and whether it still shows work under way: Streamlit's running
+# indicator, or a skeleton where an element's code is still being fetched.
+PAGE_STATE = """() => [performance.now(), window.__lastChange,
+    document.querySelectorAll('[data-testid="stStatusWidget"], [data-testid="stSkeleton"]').length > 0]"""
+
+
+def wait_idle(page, watch: ServerWatch, runs_before: int | None, timeout_s: float = 120.0,
+              quiet_ms: float = QUIET_MS) -> None:
+    """Wait until the script runs an action started have finished and the page stopped changing.
+
+    `runs_before`: the finished-run count before the action; None for an action that starts no script run (a
+    download). Generous deadline: this waits for work to end, it does not time it."""
+    deadline = time.monotonic() + timeout_s
+    while not watch.idle(runs_before):
+        if time.monotonic() > deadline:
+            raise TimeoutError("the app never reported the script run this change should start")
+        page.wait_for_timeout(50)
+    while time.monotonic() < deadline:
+        now, last, running = page.evaluate(PAGE_STATE)
+        if not running and now - last > quiet_ms and watch.idle(runs_before, quiet_ms / 1000):
+            return
+        page.wait_for_timeout(50)
+    raise TimeoutError("the page never became idle")
+
+
+def find_widgets(page) -> list[dict]:
+    return page.evaluate(FIND_WIDGETS, list(WIDGETS))
+
+
+# The options of an open dropdown not chosen yet (not "select all", not the "No results" line).
+OTHER_OPTIONS = '[role="listbox"] [role="option"][aria-selected="false"]:not([data-key="__select_all__"])'
+
+
+def change(page, widget: dict) -> bool:
+    """Change `widget` (from `find_widgets`, fresh) to another value as a person would. Returns whether the change
+    starts a script run (a download does not). Raises LookupError when the widget offers no other value."""
+    handle = page.locator(f'[data-pl-widget="{widget["index"]}"]')
+    if handle.count() != 1:
+        raise LookupError(f"{widget['name']} is no longer on the page")
+    handle.scroll_into_view_if_needed()
+    kind = widget["kind"]
+    if kind == "stSelectbox":
+        handle.locator('[role="combobox"], input').first.click()
+        option = page.locator(OTHER_OPTIONS).first
+        option.wait_for(timeout=10_000)
+        option.click()
+    elif kind == "stMultiSelect":  # add the first option not chosen; with every option chosen, remove one
+        handle.locator("input").first.click()
+        page.locator('[role="listbox"]').first.wait_for(timeout=10_000)
+        options = page.locator(OTHER_OPTIONS)
+        if options.count():
+            options.first.click()
+        else:
+            page.keyboard.press("Escape")
+            remove = handle.locator('button[aria-label^="Remove "]')
+            if not remove.count():
+                raise LookupError(f"{widget['name']} has no option to add or remove")
+            remove.first.click()
+        page.keyboard.press("Escape")
+    elif kind == "stSlider":  # one key press on its (first) thumb: right, or left from the end
+        thumb = handle.locator('input[type="range"]').first
+        at_end = thumb.input_value() == thumb.get_attribute("max")
+        thumb.focus()
+        page.keyboard.press("ArrowLeft" if at_end else "ArrowRight")
+    elif kind == "stRadio":
+        handle.locator('label:has(input:not(:checked))').first.click()
+    elif kind == "stCheckbox":
+        if handle.locator("input").first.is_disabled():
+            raise LookupError(f"{widget['name']} is disabled")
+        handle.locator("label").first.click()
+    elif kind == "stNumberInput":
+        up = handle.locator('[data-testid="stNumberInputStepUp"]')
+        (up if up.is_enabled() else handle.locator('[data-testid="stNumberInputStepDown"]')).click()
+    elif kind in ("stTextInput", "stTextArea"):
+        field_ = handle.locator("input, textarea").first
+        field_.fill("x")
+        field_.press("Control+Enter" if kind == "stTextArea" else "Enter")
+    elif kind == "stButton":
+        handle.locator("button").first.click()
+    elif kind == "stButtonGroup":
+        handle.locator('button[aria-checked="false"], button:not([kind$="Active"])').first.click()
+    elif kind == "stDownloadButton":
+        with page.expect_download(timeout=120_000) as download:
+            handle.locator("button").first.click()
+        if download.value.failure():
+            raise AssertionError(f"{widget['name']}: the download failed: {download.value.failure()}")
+        return False
+    elif kind == "stDataFrame":  # an editable table: a new value in its first editable cell
+        handle.locator('td[role="gridcell"]').first.evaluate("td => td.focus()")  # selects that cell
+        for _ in range(20):  # to the first editable cell of the row (the grid moves its selection by keys)
+            page.wait_for_timeout(300)  # the grid updates its accessible cells a moment after a selection
+            if handle.locator('td[aria-selected="true"][aria-readonly="false"]').count():
+                break
+            page.keyboard.press("ArrowRight")
+        else:
+            raise LookupError(f"{widget['name']}: no editable cell in its first row")
+        page.keyboard.press("Enter")  # opens the cell's editor
+        page.wait_for_timeout(300)
+        page.keyboard.press("Control+a")
+        page.keyboard.type("0.5")
+        page.keyboard.press("Enter")
+    else:
+        raise ValueError(f"no way to change a {kind}")
+    return True

@@ -1,0 +1,117 @@
+"""Every widget of every page, changed in a real browser: no exception, no error box, the app finishes each run.
+
+A `policylens dashboard` server over two runs: one trained by the engine with process supervision, and one imported
+from TRL-shaped completion files (no correctness column, no log-probs). Each
+page is opened on each run and every widget the page shows is changed in turn, as a person would (another option,
+a key press on a slider, a click, a new cell value), widgets that appear after a change included; the sidebar's run
+and step too. The widgets are found in the page (scripts/browser_widgets.py), not listed here, so a widget added to
+a page is tested the day it is added. AppTest cannot catch what this catches: it reruns the whole script where a
+browser reruns a fragment.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import shutil
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+CHROMIUM = os.environ.get("CHROMIUM", "/usr/bin/chromium")
+
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.skipif(not Path(CHROMIUM).exists(), reason=f"no chromium at {CHROMIUM} (apt-get install chromium)"),
+]
+
+
+def _script(name: str):
+    spec = importlib.util.spec_from_file_location(name, ROOT / "scripts" / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module  # (dataclasses look their module up there)
+    spec.loader.exec_module(module)
+    return module
+
+
+def write_trl_completions(folder: Path, steps: int = 2, groups: int = 4, group_size: int = 4) -> None:
+    """TRL-shaped completions files (GRPOConfig(log_completions=True)): step, prompt, completion, one float column
+    per reward function, advantage; no correctness column. Groups all right, all wrong and mixed."""
+    import pandas as pd
+
+    (folder / "completions").mkdir(parents=True)
+    for step in range(1, steps + 1):
+        rows = []
+        for group in range(groups):
+            rewards = [[1.0] * group_size, [0.0] * group_size][group] if group < 2 else \
+                [float((i + group + step) % 2) for i in range(group_size)]
+            mean = sum(rewards) / group_size
+            for i, reward in enumerate(rewards):
+                rows.append({"step": step, "prompt": f"Solve {group + 2}x + 1 = {2 * group + 5}.",
+                             "completion": f"x = {group + i % 2 + 2}", "accuracy_reward": reward,
+                             "format_reward": 0.5, "advantage": reward - mean})
+        pd.DataFrame(rows).to_parquet(folder / "completions" / f"completions_{step:05d}.parquet")
+
+
+@pytest.fixture(scope="module")
+def widget_logs(tmp_path_factory, tiny_process_run):
+    from engine.importers import import_trl
+    from engine.policy import build_tokenizer
+
+    logs = tmp_path_factory.mktemp("widget-logs")
+    shutil.copytree(Path(tiny_process_run[0]) / tiny_process_run[1], logs / tiny_process_run[1])
+    source = tmp_path_factory.mktemp("trl-output")
+    write_trl_completions(source)
+    tokenizer = tmp_path_factory.mktemp("tokenizer")
+    build_tokenizer().save_pretrained(tokenizer)
+    report = import_trl(source, logs, "trl-imported", tokenizer_dir=tokenizer)
+    assert report.imported and not report.problems
+    return logs, [tiny_process_run[1], "trl-imported"]
+
+
+def test_every_widget_of_every_page_can_be_changed(widget_logs):
+    from playwright.sync_api import sync_playwright
+
+    screenshots, widgets = _script("screenshots"), _script("browser_widgets")
+    logs, runs = widget_logs
+    changed, failures = [], []
+    with screenshots.serve_dashboard(logs) as url, sync_playwright() as playwright:
+        browser = screenshots.launch_browser(playwright)
+        for run in runs:
+            for name, (path, _) in screenshots.PAGES.items():
+                page = browser.new_page(viewport={"width": 1400, "height": 1000})
+                watch = widgets.ServerWatch().attach(page)
+                page.goto(f"{url}/{path}?run={run}")
+                widgets.wait_idle(page, watch, 0, quiet_ms=widgets.LOAD_QUIET_MS)
+                done: set[str] = set()
+                while todo := [w for w in widgets.find_widgets(page) if w["name"] not in done]:
+                    widget = todo[0]
+                    done.add(widget["name"])
+                    where = f"{run} / {name} / {widget['name']}"
+                    before = watch.count()
+                    try:
+                        reruns = widgets.change(page, widget)
+                    except LookupError as reason:  # nothing else to choose (one option, disabled): say so
+                        changed.append(f"{where}: not changed ({reason})")
+                        continue
+                    try:
+                        widgets.wait_idle(page, watch, before if reruns else None)
+                        problems = watch.take_problems() + widgets.page_problems(page)
+                    except TimeoutError as error:
+                        problems = [str(error)]
+                    print(where, problems or "ok", flush=True)
+                    if problems:
+                        failures.append(f"{where}: {problems}")
+                        page.goto(f"{url}/{path}?run={run}")  # start the page again for the next widget
+                        widgets.wait_idle(page, watch, watch.count(), quiet_ms=widgets.LOAD_QUIET_MS)
+                        watch.take_problems()
+                    changed.append(where)
+                page.close()
+        browser.close()
+    print("\n".join(changed))
+    assert not failures, "\n".join(failures)
+    # Every page had widgets to change on the trained runs (the count would drop to nothing if discovery broke).
+    for name in screenshots.PAGES:
+        assert any(f"{runs[0]} / {name} /" in c and "not changed" not in c for c in changed), name
