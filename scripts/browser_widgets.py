@@ -16,9 +16,9 @@ import threading
 import time
 from dataclasses import dataclass, field
 
-QUIET_MS = 500
+QUIET_MS = 300
 """A change is drawn once nothing in the document changed for this long after the script finished."""
-LOAD_QUIET_MS = 1500
+LOAD_QUIET_MS = 1000
 """The same for a page load, whose first tables and charts wait for their code to be fetched."""
 
 WIDGETS = ("stSelectbox", "stMultiSelect", "stSlider", "stRadio", "stCheckbox", "stNumberInput", "stTextInput",
@@ -169,6 +169,35 @@ def find_widgets(page) -> list[dict]:
     return page.evaluate(FIND_WIDGETS, list(WIDGETS))
 
 
+def _open_first_editable_cell(page, table, name: str, wait_s: float = 1.5) -> None:
+    """Open the editor of the first editable cell of the table's first row, as a person would: the grid is drawn on
+    a canvas, so the cells of the first row are clicked from the left until one the grid reports editable is
+    selected, then double-clicked. The grid
+    reports its selection in its accessible cells a moment after a click: each click waits for the report to change,
+    up to `wait_s` (a click on the cell already selected changes nothing)."""
+    def selected() -> list[str]:
+        return table.locator('td[aria-selected="true"]').evaluate_all(
+            "cells => cells.map(c => c.id + (c.getAttribute('aria-readonly') === 'false' ? ' editable' : ''))")
+
+    canvas = table.locator('[data-testid="data-grid-canvas"]').first
+    canvas.scroll_into_view_if_needed()
+    box = canvas.bounding_box()
+    first_row = box["y"] + 1.5 * ROW_PX  # below the header row
+    for x in range(int(box["x"]) + 10, int(box["x"] + box["width"]) - 5, 40):
+        before, deadline = selected(), time.monotonic() + wait_s
+        page.mouse.click(x, first_row)
+        while selected() == before and time.monotonic() < deadline:
+            page.wait_for_timeout(100)
+        if any(c.endswith(" editable") for c in selected()):
+            page.mouse.dblclick(x, first_row)  # opens the cell's editor
+            return
+    raise LookupError(f"{name}: no editable cell in its first row")
+
+
+ROW_PX = 35
+"""Height of a row (and of the header) in Streamlit's tables."""
+
+
 # The options of an open dropdown not chosen yet (not "select all", not the "No results" line).
 OTHER_OPTIONS = '[role="listbox"] [role="option"][aria-selected="false"]:not([data-key="__select_all__"])'
 
@@ -227,20 +256,42 @@ def change(page, widget: dict) -> bool:
         if download.value.failure():
             raise AssertionError(f"{widget['name']}: the download failed: {download.value.failure()}")
         return False
-    elif kind == "stDataFrame":  # an editable table: a new value in its first editable cell
-        handle.locator('td[role="gridcell"]').first.evaluate("td => td.focus()")  # selects that cell
-        for _ in range(20):  # to the first editable cell of the row (the grid moves its selection by keys)
-            page.wait_for_timeout(300)  # the grid updates its accessible cells a moment after a selection
-            if handle.locator('td[aria-selected="true"][aria-readonly="false"]').count():
-                break
-            page.keyboard.press("ArrowRight")
-        else:
-            raise LookupError(f"{widget['name']}: no editable cell in its first row")
-        page.keyboard.press("Enter")  # opens the cell's editor
-        page.wait_for_timeout(300)
+    elif kind == "stDataFrame":  # an editable table: a new value in the first editable cell of its first row
+        _open_first_editable_cell(page, handle, widget["name"])
+        # the cell's editor takes the focus
+        page.wait_for_function("() => ['INPUT', 'TEXTAREA'].includes(document.activeElement.tagName)",
+                               timeout=30_000)
         page.keyboard.press("Control+a")
         page.keyboard.type("0.5")
         page.keyboard.press("Enter")
     else:
         raise ValueError(f"no way to change a {kind}")
     return True
+
+
+def change_every_widget(page, watch: ServerWatch, skip: set[str] = frozenset()):
+    """Change every widget the page shows, one after the other, widgets that appear on the way included; yield
+    (widget name, seconds until idle, problems) for each. A change that raised a problem is followed by a reload of
+    the page, so the next widget starts from a working page."""
+    done = set(skip)
+    url = page.url
+    while todo := [w for w in find_widgets(page) if w["name"] not in done]:
+        widget = todo[0]
+        done.add(widget["name"])
+        before, started = watch.count(), time.monotonic()
+        try:
+            reruns = change(page, widget)
+        except LookupError as reason:  # nothing else to choose (one option, disabled)
+            yield f"{widget['name']} (not changed: {reason})", 0.0, []
+            continue
+        try:
+            wait_idle(page, watch, before if reruns else None)
+            problems = watch.take_problems() + page_problems(page)
+        except TimeoutError as error:
+            problems = [str(error)]
+        yield widget["name"], time.monotonic() - started, problems
+        if problems:
+            before = watch.count()
+            page.goto(url)
+            wait_idle(page, watch, before, quiet_ms=LOAD_QUIET_MS)
+            watch.take_problems()
