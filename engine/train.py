@@ -308,14 +308,15 @@ def load_models(cfg: TrainConfig, task, device: torch.device, cache_dir: str | P
 def check_run_target(logs_dir: Path, run_name: str, resume: bool) -> None:
     """Raise RunLogError unless `run_name` is a valid name for a new run in `logs_dir` (or, with `resume`, an
     existing run there): checked before any heavy work."""
-    from engine.runlog import RunLogError, validate_run_name
+    from engine.runlog.layout import RUN_JSON, RunInfo, RunLogError, validate_run_name
 
     if logs_dir.exists() and not logs_dir.is_dir():
         raise RunLogError(f"the logs folder {logs_dir} is not a folder")
     validate_run_name(run_name, logs_dir)
-    run_json = logs_dir / run_name / "run.json"
-    if resume and not run_json.is_file():
-        raise RunLogError(f"no run {run_name!r} to resume in {logs_dir} (no {run_json.name})")
+    if resume and not (logs_dir / run_name / RUN_JSON).is_file():
+        raise RunLogError(f"no run {run_name!r} to resume in {logs_dir} (no {RUN_JSON})")
+    if resume:
+        RunInfo.read(logs_dir / run_name)  # damaged, or of a newer release: said now, not after the warm start
     if not resume and (logs_dir / run_name).exists():
         raise RunLogError(f"run {run_name!r} already exists in {logs_dir}; pick another name or resume it")
 

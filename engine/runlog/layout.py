@@ -415,7 +415,7 @@ class RunInfo:
     def train_config(self) -> dict[str, Any]:
         """The config with the algorithm under the engine's TrainConfig key: what `TrainConfig.from_dict` takes
         to resume the run."""
-        return {CONFIG_ALGORITHM_KEY: self.algorithm, **self.config}
+        return {CONFIG_ALGORITHM_KEY: self.algorithm, **self.config} if self.algorithm else dict(self.config)
 
     def effective_status(self, run_dir: Path) -> str:
         """The stored status, except that a `running` run whose writer is gone is `crashed`."""
