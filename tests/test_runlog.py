@@ -1,4 +1,4 @@
-"""Run log (engine/runlog.py): schema, atomic steps, compaction, resume, bad files, hostile names, export.
+"""Run log (engine/runlog/): schema, atomic steps, compaction, resume, bad files, hostile names, export.
 
 Processes (read-while-write, SIGKILL) are in test_runlog_process.py, the CLI in test_runlog_cli.py.
 """
