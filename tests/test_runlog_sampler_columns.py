@@ -58,7 +58,8 @@ def test_a_step_with_sampler_logps_reads_back_through_reader_sql_and_export(tmp_
              "count(*) FILTER (WHERE sampler_logp > old_logp) AS above FROM tokens WHERE step = 2")
     assert main(["sql", "mismatch", query, "--logs-dir", str(tmp_path)]) == 0
     row = capsys.readouterr().out.splitlines()[2].split()
-    assert row == [str(round(float(gap.max()) * 1e6)), str(int((steps[2]["sampler_logp"] > steps[2]["old_logp"]).sum()))]
+    above = int((steps[2]["sampler_logp"] > steps[2]["old_logp"]).sum())
+    assert row == [str(round(float(gap.max()) * 1e6)), str(above)]
 
 
 def test_the_row_builder_fills_missing_columns_with_null_and_refuses_a_misspelt_one():
