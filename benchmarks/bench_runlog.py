@@ -1,4 +1,4 @@
-"""Benchmark of the run log (engine/runlog.py): storage size, query latency, logging overhead.
+"""Benchmark of the run log (engine/runlog/): storage size, query latency, logging overhead.
 
     python benchmarks/bench_runlog.py                       # storage + queries on a 1M-token-row synthetic run
     python benchmarks/bench_runlog.py --steps 1000 --rollouts 16   # same rows spread over many more steps

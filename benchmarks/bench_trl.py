@@ -19,7 +19,7 @@ numbers), so step k of round r of one pairs with step k of round r of the other:
 these paired CPU ratios and the ratio of the totals. Under heavy load even CPU time inflates (caches and cores
 are shared), so the adapter's own CPU seconds are also counted where they are spent (`timed_adapter`). A run of
 fewer than 33 steps contains no compaction of the run log (its first merge comes after 32 step folders; see
-engine/runlog.py).
+engine/runlog/).
 
 (a) overhead: GRPOTrainer vs PolicyLensGRPOTrainer (every token logged) on the tiny model (the tests' short warm
     start, 200 SFT steps); target <= 5%.

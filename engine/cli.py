@@ -97,7 +97,7 @@ def run_train(args: argparse.Namespace) -> int:
     import json
 
     from engine.config import ConfigError, TrainConfig, config_from_args, knob_fields
-    from engine.runlog import RunLogError, validate_run_name
+    from engine.runlog.layout import RUN_JSON, RunInfo, RunLogError, validate_run_name
 
     if (problem := _check_local_paths(args)) is not None:
         return _fail("train", problem)
@@ -115,13 +115,13 @@ def run_train(args: argparse.Namespace) -> int:
         return _fail("train", err)
     try:
         if args.resume is not None:
-            run_json = Path(args.logs_dir) / args.resume / "run.json"
-            if not run_json.is_file():
-                return _fail("train", f"no run {args.resume!r} in {args.logs_dir} (no {run_json.name})")
+            run_dir = Path(args.logs_dir) / args.resume
+            if not (run_dir / RUN_JSON).is_file():
+                return _fail("train", f"no run {args.resume!r} in {args.logs_dir} (no {RUN_JSON})")
             try:
-                saved = json.loads(run_json.read_text())["config"]
-            except (OSError, ValueError, KeyError, TypeError) as err:
-                return _fail("train", f"cannot resume {args.resume!r}: {run_json} is unreadable ({err!r})")
+                saved = RunInfo.read(run_dir).train_config()
+            except RunLogError as err:
+                return _fail("train", f"cannot resume {args.resume!r}: {RUN_JSON} is unreadable ({err})")
             given = {f.name: getattr(args, f.name) for f in knob_fields() if getattr(args, f.name) is not None}
             fixed = sorted(k for k in given if k not in RESUME_OVERRIDABLE and given[k] != saved.get(k))
             if fixed or args.config:
@@ -216,12 +216,10 @@ def _without_nproc(argv: list[str]) -> list[str]:
 def _mark_crashed(logs_dir: str, name: str) -> None:
     """After torchrun failed: a run.json still saying `running` (rank 0 was killed before it could record
     anything) says `crashed`. Nothing happens when the run does not exist or a writer still holds it."""
-    import json
-
-    from engine.runlog import RunLogError, RunWriter
+    from engine.runlog import RunInfo, RunLogError, RunWriter
 
     try:
-        if json.loads((Path(logs_dir) / name / "run.json").read_text()).get("status") == "running":
+        if RunInfo.read(Path(logs_dir) / name).status == "running":
             RunWriter.resume(logs_dir, name, background=False).close("crashed")  # fails while a writer holds it
     except (RunLogError, OSError, ValueError):
         pass

@@ -3,8 +3,10 @@
 What GRPO removed (arXiv 2402.03300, Sec. 4.1.1), put back so that the two can be compared on the same tokens:
 
     critic = PPOCritic.build(policy, cfg)       # value head on a deep copy of the warm-started transformer
-    critic.targets(batch, cfg)                  # values, per-token rewards, GAE -> batch.values/returns/advantages
-    stats = critic.update(batch, cfg, gen)      # epochs x minibatches AdamW steps on the clipped value loss
+    critic.targets(batch, supervision="outcome", kl_coef=0.05, gamma=1.0, lam=0.95, whiten=True)
+                                                # values, per-token rewards, GAE -> batch.values/returns/advantages
+    stats = critic.update(batch, gen, epochs=2, minibatches=2, value_clip=0.2, value_coef=0.5, max_grad_norm=1.0)
+                                                # epochs x minibatches AdamW steps on the clipped value loss
 
 Per-token reward (Ziegler et al. 2019, arXiv 1909.08593; the GRPO paper's eq. 2):
     r_t = score_t - kl_coef * (log pi_old(o_t) - log pi_ref(o_t))      on every completion token,
@@ -36,6 +38,8 @@ from dataclasses import dataclass
 import torch
 
 from engine.advantages import gae_advantages, masked_mean_std
+from engine.minibatches import minibatches as minibatch_passes
+from engine.minibatches import optimizer_step
 
 __all__ = [
     "CriticStats",
@@ -187,21 +191,22 @@ class PPOCritic:
 
     # ------------------------------------------------------------------ before the policy update
     @torch.no_grad()
-    def targets(self, batch, cfg) -> None:
-        """Fill batch.values, batch.kl_reward, batch.returns, batch.advantages (GAE, logged as is) and
-        batch.loss_advantages (what the policy loss uses: whitened when `whiten_advantages`); each rollout's
-        `advantage` becomes its first token's GAE advantage."""
+    def targets(self, batch, *, supervision: str, kl_coef: float, gamma: float, lam: float, whiten: bool) -> None:
+        """Fill batch.values, batch.kl_reward, batch.returns, batch.advantages (GAE with `gamma`, `lam`, logged as
+        is) and batch.loss_advantages (what the policy loss uses: whitened when `whiten`); each rollout's
+        `advantage` becomes its first token's GAE advantage. The settings are TrainConfig's supervision, kl_coef,
+        gae_gamma, gae_lambda and whiten_advantages."""
         t0 = time.perf_counter()
-        if batch.ref_logp is None and cfg.kl_coef:
+        if batch.ref_logp is None and kl_coef:
             raise ValueError("PPO needs the reference log-probs for the KL part of its reward; the batch has none")
         ref_logp = batch.old_logp if batch.ref_logp is None else batch.ref_logp  # kl_coef 0: no KL part
         T = batch.token_mask.shape[1]
         values = self.model(batch.input_ids, batch.attention_mask, batch.prompt_len) * batch.token_mask  # (B, T)
-        scores = score_rewards(batch.rollouts, T, cfg.supervision).to(values.device)  # (B, T)
-        rewards, kl_reward = token_rewards(scores, batch.old_logp, ref_logp, batch.token_mask, cfg.kl_coef)
-        adv, returns = gae_advantages(rewards, values, batch.token_mask, cfg.gae_gamma, cfg.gae_lambda)
+        scores = score_rewards(batch.rollouts, T, supervision).to(values.device)  # (B, T)
+        rewards, kl_reward = token_rewards(scores, batch.old_logp, ref_logp, batch.token_mask, kl_coef)
+        adv, returns = gae_advantages(rewards, values, batch.token_mask, gamma, lam)
         batch.values, batch.kl_reward, batch.returns, batch.advantages = values, kl_reward, returns, adv
-        if cfg.whiten_advantages:
+        if whiten:
             mean, std = masked_mean_std(adv, batch.loss_mask)  # masked_whiten's statistics, recorded per step
             batch.loss_advantages = (adv - mean) / std * batch.loss_mask
             self._whiten = (float(mean), float(std))
@@ -214,35 +219,29 @@ class PPOCritic:
         self._target_seconds = time.perf_counter() - t0
 
     # ------------------------------------------------------------------ after the policy update
-    def update(self, batch, cfg, generator: torch.Generator) -> CriticStats:
-        """`epochs x minibatches` AdamW steps on the clipped value loss towards batch.returns."""
+    def update(self, batch, generator: torch.Generator, *, epochs: int, minibatches: int, value_clip: float,
+               value_coef: float, max_grad_norm: float) -> CriticStats:
+        """`epochs x minibatches` AdamW steps on the clipped value loss towards batch.returns, cut like the policy's
+        (engine.minibatches, the same `generator`)."""
         t0 = time.perf_counter()
-        B = batch.token_mask.shape[0]
         P = batch.prompt_len
         params = [p for p in self.model.parameters() if p.requires_grad]
         static_bytes = 4 * sum(p.numel() * p.element_size() for p in params)  # weights, grads, AdamW m and v
         weights = {p.untyped_storage().data_ptr() for p in params}
         losses, clip_fracs, norms, peak_saved = [], [], [], 0
         self.model.train(False)  # no dropout: the first pass reproduces the sampling-time values
-        for _epoch in range(cfg.epochs):
-            perm = torch.randperm(B, generator=generator)
-            for idx in perm.tensor_split(cfg.minibatches):
-                idx = idx.sort().values.to(batch.input_ids.device)
-                t_mb = int(batch.token_mask[idx].sum(-1).max().item())
-                saved: dict[int, int] = {}
-                with _saved_storages(saved, weights):
-                    values = self.model(batch.input_ids[idx, : P + t_mb], batch.attention_mask[idx, : P + t_mb], P)
-                    loss, clip_frac = value_loss(values, batch.values[idx, :t_mb], batch.returns[idx, :t_mb],
-                                                 batch.loss_mask[idx, :t_mb], cfg.value_clip)
-                    loss = cfg.value_coef * loss
-                self.optimizer.zero_grad(set_to_none=True)
-                loss.backward()
-                max_norm = cfg.max_grad_norm if cfg.max_grad_norm > 0 else math.inf
-                norms.append(float(torch.nn.utils.clip_grad_norm_(params, max_norm)))
-                self.optimizer.step()
-                losses.append(float(loss.detach()))
-                clip_fracs.append(float(clip_frac))
-                peak_saved = max(peak_saved, sum(saved.values()))
+        for mb in minibatch_passes(batch.token_mask, epochs, minibatches, generator, batch.input_ids.device):
+            idx, t_mb = mb.idx, mb.width
+            saved: dict[int, int] = {}
+            with _saved_storages(saved, weights):
+                values = self.model(batch.input_ids[idx, : P + t_mb], batch.attention_mask[idx, : P + t_mb], P)
+                loss, clip_frac = value_loss(values, batch.values[idx, :t_mb], batch.returns[idx, :t_mb],
+                                             batch.loss_mask[idx, :t_mb], value_clip)
+                loss = value_coef * loss
+            norms.append(optimizer_step(self.optimizer, params, loss, max_grad_norm))
+            losses.append(float(loss.detach()))
+            clip_fracs.append(float(clip_frac))
+            peak_saved = max(peak_saved, sum(saved.values()))
         return CriticStats(
             value_loss=sum(losses) / len(losses), value_clip_frac=sum(clip_fracs) / len(clip_fracs),
             explained_variance=self._explained, grad_norm=sum(norms) / len(norms),

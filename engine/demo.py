@@ -207,7 +207,7 @@ def _supervise(logs_dir: Path, fresh: bool, train_args: list[str]) -> int:
     env = dict(os.environ, OMP_NUM_THREADS="1", MKL_NUM_THREADS="1", OMP_WAIT_POLICY="PASSIVE")
     infos = _demo_run_infos(logs_dir)
     # (run, whether it exists): existing unfinished runs are resumed, from their last logged step (a run killed
-    # before any checkpoint restarts from the warm start; engine.train.checkpoint_for_resume).
+    # before any checkpoint restarts from the warm start; engine.checkpoints.checkpoint_for_resume).
     todo = [(run, run.name in infos) for run in DEMO_RUNS if infos.get(run.name, {}).get("status") != "finished"]
 
     # A run with no logged step yet builds the shared warm start alone, on every core (about 1.25x faster than one

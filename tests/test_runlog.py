@@ -1,4 +1,4 @@
-"""Run log (engine/runlog.py): schema, atomic steps, compaction, resume, bad files, hostile names, export.
+"""Run log (engine/runlog/): schema, atomic steps, compaction, resume, bad files, hostile names, export.
 
 Processes (read-while-write, SIGKILL) are in test_runlog_process.py, the CLI in test_runlog_cli.py.
 """
@@ -558,7 +558,7 @@ def _files_of(run_dir: Path) -> dict[str, tuple]:
 
 
 def test_log_many_writes_the_files_log_step_and_compaction_write(tmp_path, monkeypatch):
-    monkeypatch.setattr(runlog, "_ROW_GROUP_ROWS", 5)  # row groups that straddle steps and chunks
+    monkeypatch.setattr(runlog.files, "_ROW_GROUP_ROWS", 5)  # row groups that straddle steps and chunks
 
     def step_data(step: int) -> dict:
         data = make_step(step, rollouts=2 + step % 3, prm=step % 4 == 0)
@@ -622,7 +622,7 @@ def test_refresh_lists_a_data_folder_again_only_when_it_changed(tmp_path, monkey
     reader = RunReader(tmp_path)
     listings = []
     real_scan = runlog._scan_segments
-    monkeypatch.setattr(runlog, "_scan_segments", lambda *a, **k: listings.append(a[0]) or real_scan(*a, **k))
+    monkeypatch.setattr(runlog.reader, "scan_segments", lambda *a, **k: listings.append(a[0]) or real_scan(*a, **k))
     for _ in range(3):
         assert not reader.refresh()
     assert listings == []  # the poll of a quiet run: a stat, no listing

@@ -1,5 +1,5 @@
 """The run log across processes: a reader polling while a writer process appends steps, and a writer killed
-with SIGKILL in the middle of a step (engine/runlog.py)."""
+with SIGKILL in the middle of a step (engine/runlog/)."""
 
 from __future__ import annotations
 

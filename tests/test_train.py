@@ -126,7 +126,9 @@ def test_tiny_run_tables_are_complete(tiny_run):
         meta = r.sql("SELECT * FROM runs WHERE run = ?", [run])
         assert meta.status.tolist() == ["finished"] and meta.last_step.tolist() == [3]
         cfg = json.loads(meta.config[0])
-        assert cfg["algo"] == "grpo" and cfg["eps_low"] == 0.2 and cfg["beta"] == 0.04
+        # the algorithm is stored once, as the run's `algorithm` (not again in its config)
+        assert meta.algorithm.tolist() == ["grpo"] and "algo" not in cfg
+        assert cfg["eps_low"] == 0.2 and cfg["beta"] == 0.04
         steps = r.sql("SELECT * FROM steps WHERE run = ? ORDER BY step", [run])
         assert steps.step.tolist() == [0, 1, 2, 3]
         assert steps.heldout_accuracy.notna().tolist() == [True, False, True, True]
