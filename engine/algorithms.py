@@ -306,7 +306,7 @@ def resolve(algo: str, **overrides: Any) -> dict[str, Any]:
         raise ValueError(f"max_len = {p['max_len']!r} is invalid; accepted: None (= T) or an int > 0")
     for key, (ok, accepted) in _RULES.items():
         if key in p and not (_is_number(p[key]) and ok(p[key])):
-            raise ValueError(f"{key} = {p[key]!r} for {obj.name!r} is invalid; accepted: {accepted}")
+            raise ValueError(f"{key} = {p[key]!r} is invalid; accepted: {accepted}")
     if "clip_cov_lb" in p and not p["clip_cov_lb"] < p["clip_cov_ub"]:
         raise ValueError(f"clip_cov_lb = {p['clip_cov_lb']!r} must be below clip_cov_ub = {p['clip_cov_ub']!r}: "
                          "the covariance band (lb, ub) of Clip-Cov would be empty")
