@@ -168,7 +168,8 @@ class TrainConfig:
     """PPO: the new value may leave the value it had at sampling time by at most this much before its squared error
     stops counting (clipped value loss, max of the clipped and unclipped errors)."""
     value_coef: float | None = None
-    """PPO: coefficient of the value loss (vf_coef). The critic is a separate model with its own AdamW, so this mostly sets how much of its gradient the norm clip lets through."""
+    """PPO: coefficient of the value loss (vf_coef). The critic is a separate model with its own AdamW, so this
+    mostly sets how much of its gradient the norm clip lets through."""
     critic_lr: float | None = None
     """PPO: the critic's AdamW learning rate. None: 10 x lr. Higher than the policy's because the value head starts
     at zero and must learn the reward's scale within the minutes a run lasts (papers share one lr at 1e-6..1e-5)."""

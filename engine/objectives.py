@@ -97,6 +97,7 @@ __all__ = [
     "token_covariance",
     "top_entropy_mask",
     "uses_critic",
+    "vespo_log_weight",
 ]
 
 
@@ -207,6 +208,12 @@ def top_entropy_mask(entropy: torch.Tensor, mask: torch.Tensor, keep_share: floa
     return (entropy.detach() * on.to(entropy.dtype) >= threshold) & on  # (B, T)
 
 
+def vespo_log_weight(log_ratio: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """VESPO's sequence log weight log w_i = sum_t log r_it, each token's clamped to [-20, 20], the sum to
+    VESPO_LOG_W_RANGE (TRL 1.16 get_gamma_weights); (B, T) -> (B, 1), detached."""
+    return (log_ratio.detach().clamp(-20.0, 20.0) * mask).sum(-1, keepdim=True).clamp(*VESPO_LOG_W_RANGE)
+
+
 def _ratio_level(level, d, mask, adv, eps_low, eps_high):
     """Log of the ratio each token's surrogate sees, with the graph wrt d = logp - old_logp.
 
@@ -223,10 +230,8 @@ def _ratio_level(level, d, mask, adv, eps_low, eps_high):
             return log_s.expand_as(d), mask / lengths, None
         # GSPO-token: value log s_i, gradient of a single token's log-prob (GSPO Sec. 4.3)
         return log_s.detach() + d - d.detach(), None, None
-    if level == "sequence-sum":
-        # VESPO: value log w_i = sum_t log r (each clamped, then the sum), gradient token-local (w is detached)
-        log_w = (d.detach().clamp(-20.0, 20.0) * mask).sum(-1, keepdim=True).clamp(*VESPO_LOG_W_RANGE)  # (B, 1)
-        return log_w + d - d.detach(), None, None
+    if level == "sequence-sum":  # VESPO: value log w_i, gradient token-local (w is detached)
+        return vespo_log_weight(d, mask) + d - d.detach(), None, None
     if level == "geometric":
         # GMPO: clip each token's log ratio on the side its advantage pushes (PPO's rule in log space),
         # then average in log space; A == 0 counts as positive, as in the official code.
