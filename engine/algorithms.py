@@ -229,13 +229,14 @@ def presets(knob: str, fallback: dict[str, Any] | None = None) -> dict[str, Any]
 
 def defaults_table() -> str:
     """The published defaults of every algorithm as a Markdown table (docs/algorithms.md holds this very text)."""
-    rows = ["| algo | ratio level | surrogate | covariance rule | eps_low / eps_high | beta | aggregation | other |",
-            "|---|---|---|---|---|---|---|---|"]
+    rows = ["| algo | ratio level | surrogate | covariance rule | eps_low / eps_high | beta | aggregation | other knobs "
+            "| loop settings |", "|---|---|---|---|---|---|---|---|---|"]
     for o in OBJECTIVES.values():
         eps = "-" if o.eps_low is None else f"{o.eps_low:g} / {o.eps_high:g}"
         other = ", ".join(f"{k} {v:g}" for k, v in o.extra) or "-"
+        loop = ", ".join(f"{k} {v}" for k, v in o.loop) + (", critic" if o.critic else "") or "-"
         rows.append(f"| {o.name} | {o.ratio_level} | {o.surrogate} | {o.covariance or '-'} | {eps} | {o.beta:g} | "
-                    f"{o.aggregation} | {other} |")
+                    f"{o.aggregation} | {other} | {loop.lstrip(', ')} |")
     return "\n".join(rows)
 
 

@@ -276,3 +276,13 @@ def test_top_entropy_quantile_needs_entropy():
     logp, old, adv, mask, *_ = random_batch(0)
     with pytest.raises(ValueError, match="entropy"):
         policy_loss("grpo", logp, old, adv, mask, top_entropy_quantile=0.2)
+
+
+def test_docs_table_is_the_registrys():
+    from pathlib import Path
+
+    from engine.algorithms import defaults_table
+
+    text = (Path(__file__).resolve().parents[1] / "docs" / "algorithms.md").read_text()
+    table = text.split("<!-- defaults-table -->")[1].split("<!-- /defaults-table -->")[0].strip()
+    assert table == defaults_table()

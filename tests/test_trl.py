@@ -168,17 +168,17 @@ def test_clip_codes_match_trls_logged_clip_fractions_pass_by_pass(grpo_run):
 def _pass_tensors(logs_dir, step, pass_):
     """(B, T) tensors of one pass from the run log, rows in rollout order, padded with mask 0."""
     df = frame(logs_dir, """SELECT p.rollout_id, p.position, p.new_logp, p.grad_weight, p.clip, t.old_logp,
-                                   t.ref_logp, t.advantage FROM token_passes p JOIN tokens t
+                                   t.ref_logp, t.advantage, t.entropy FROM token_passes p JOIN tokens t
                                    USING (step, rollout_id, position) WHERE p.step = ? AND p.pass = ?""",
                [step, pass_])
     ids = sorted(df["rollout_id"].unique())
     row = {r: i for i, r in enumerate(ids)}
     B, T = len(ids), int(df["position"].max()) + 1
-    out = {k: torch.zeros(B, T, dtype=torch.float64) for k in ("new_logp", "grad_weight", "old_logp", "ref_logp",
-                                                                 "advantage", "mask", "clip")}
+    names = ("new_logp", "grad_weight", "old_logp", "ref_logp", "advantage", "clip", "entropy")
+    out = {k: torch.zeros(B, T, dtype=torch.float64) for k in (*names, "mask")}
     for r in df.itertuples(index=False):
         i, t = row[r.rollout_id], r.position
-        for k in ("new_logp", "grad_weight", "old_logp", "ref_logp", "advantage", "clip"):
+        for k in names:
             out[k][i, t] = getattr(r, k)
         out["mask"][i, t] = 1.0
     return out
@@ -195,6 +195,12 @@ MATCHING = {
     "sapo": (("sapo", "token", {}), ("sapo", {})),
     "gspo": (("grpo", "sequence", {"epsilon": 3e-4, "epsilon_high": 4e-4}),
              ("gspo", {"eps_low": 3e-4, "eps_high": 4e-4})),
+    "luspo": (("luspo", "sequence", {"epsilon": 3e-4, "epsilon_high": 4e-4}),
+              ("luspo", {"eps_low": 3e-4, "eps_high": 4e-4})),
+    "vespo": (("vespo", "token", {}), ("vespo", {})),
+    # the policy term of only the top half of the tokens by entropy (TRL's threshold over this single process)
+    "top_entropy": (("grpo", "token", {"top_entropy_quantile": 0.5}),
+                    ("grpo", {"eps_low": 0.2, "eps_high": 0.2, "top_entropy_quantile": 0.5})),
 }
 
 
@@ -202,26 +208,32 @@ MATCHING = {
 def test_grad_weight_is_trls_gradient_and_equals_policy_loss(tmp_path, warm_model_dir, name):
     """One mini-batch per pass (steps_per_generation=1) so TRL's normalisers are the engine's aggregations.
 
-    Not compared, because no engine objective has their formula: luspo (a per-sequence token SUM, length-weighted)
-    and vespo (gamma weights of the summed sequence log-ratio); nor TRL options the engine lacks (delta two-sided
-    clipping, top_entropy_quantile, the off-policy mask, vLLM importance-sampling correction). dapo / cispo with
-    several mini-batches per generation normalise by the whole generation's token count, the engine by the
-    mini-batch's: the same weights up to that constant factor.
+    Not compared, because the engine lacks them: TRL's delta two-sided clipping, the off-policy mask and the vLLM
+    importance-sampling correction. dapo / cispo / vespo with several mini-batches per generation normalise by the
+    whole generation's token count, the engine by the mini-batch's: the same weights up to that constant factor.
+    top_entropy_quantile is compared on pass 0 only: its mask reads the entropy of the pass's own forward, and the
+    run log keeps the entropy of the first forward over a token (later passes' entropies are not logged).
     """
     (loss_type, level, extra), (algo, overrides) = MATCHING[name]
     logs_dir, *_ = train_trl(tmp_path, warm_model_dir, run_name=f"trl-{name}", max_steps=2,
                                   steps_per_generation=1, loss_type=loss_type, importance_sampling_level=level, **extra)
     assert frame(logs_dir, "SELECT algorithm FROM runs")["algorithm"][0] == algorithm_name(loss_type, level) == algo
-    for pass_ in (0, 1):
+    for pass_ in (0,) if "top_entropy_quantile" in overrides else (0, 1):
         t = _pass_tensors(logs_dir, 1, pass_)
         logp = t["new_logp"].clone().requires_grad_(True)
         out = policy_loss(algo, logp, t["old_logp"], t["advantage"], t["mask"], ref_logp=t["ref_logp"], beta=0.04,
-                          **overrides)
+                          entropy=t["entropy"].float(), **overrides)
         on = t["mask"] > 0
         np.testing.assert_allclose(t["grad_weight"][on], out.grad_weight[on], rtol=2e-3, atol=1e-7)
         if name != "sapo":  # TRL logs no SAPO clip rule; the adapter's is the engine's, identical by construction
             assert torch.equal(t["clip"][on].to(torch.int8), out.clip[on])
-    assert (t["grad_weight"][on].abs() > 0).all()
+    if "top_entropy_quantile" in overrides:  # pass 0 (pi = pi_ref, no KL gradient): exactly the kept half moves
+        from engine.objectives import top_entropy_mask
+
+        keep = top_entropy_mask(t["entropy"].float(), t["mask"], overrides["top_entropy_quantile"])
+        assert torch.equal(t["grad_weight"].abs() > 0, keep) and 0 < int(keep.sum()) < int(on.sum())
+    else:
+        assert (t["grad_weight"][on].abs() > 0).all()
 
 
 def test_log_groups_keeps_tokens_of_the_first_groups_only(tmp_path, warm_model_dir):

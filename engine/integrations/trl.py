@@ -16,8 +16,10 @@ them). What lands in the run log, in the engine's schema (engine/runlog.py):
   policy), ref_logp (when beta != 0), entropy (from the first training forward over the token), advantage;
 - `token_passes`: one row per token per `_compute_loss` call (a mini-batch of one pass, `pass` counts them within
   the step): new_logp, ratio (the ratio TRL's loss used: the sequence ratio on every token at
-  `importance_sampling_level="sequence"`), clip code by TRL's own rule (`clip_codes`), grad_weight, token_loss
-  (`token_losses`, the loss types whose formula is written out there) and k3 KL;
+  `importance_sampling_level="sequence"`; vespo: its sequence weight w), clip code by TRL's own rule and
+  token_loss by TRL's formula, both computed with the engine's surrogates (`trl_surrogate`: every loss type of TRL
+  1.16, top_entropy_quantile's mask included; TRL's documented differences are named options, TRL_CISPO_* and
+  TRL_BIAS_CORRECTED_KL), grad_weight and k3 KL;
 - `steps` (rank 0): TRL's logged metrics of the optimizer steps of this generation, averaged, mapped onto the
   contract columns (`METRIC_COLUMNS`); every other metric in `extra` (with `logging_steps=1`, as in the examples,
   the row covers exactly its generation's optimizer steps; with more, whatever TRL logged during it);
