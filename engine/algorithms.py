@@ -229,8 +229,8 @@ def presets(knob: str, fallback: dict[str, Any] | None = None) -> dict[str, Any]
 
 def defaults_table() -> str:
     """The published defaults of every algorithm as a Markdown table (docs/algorithms.md holds this very text)."""
-    rows = ["| algo | ratio level | surrogate | covariance rule | eps_low / eps_high | beta | aggregation | other knobs "
-            "| loop settings |", "|---|---|---|---|---|---|---|---|---|"]
+    rows = ["| algo | ratio level | surrogate | covariance rule | eps_low / eps_high | beta | aggregation "
+            "| other knobs | loop settings |", "|---|---|---|---|---|---|---|---|---|"]
     for o in OBJECTIVES.values():
         eps = "-" if o.eps_low is None else f"{o.eps_low:g} / {o.eps_high:g}"
         other = ", ".join(f"{k} {v:g}" for k, v in o.extra) or "-"
