@@ -82,7 +82,48 @@ SAPO_F2 = 4 * sig(1.0) * (1 - sig(1.0))  # gate derivative factor at r = 2, tau 
 SAPO_F2N = 4 * sig(1.05) * (1 - sig(1.05))  # at r = 2, tau = 1.05
 SAPO_F4 = 4 * sig(3.0) * (1 - sig(3.0))  # at r = 4, tau = 1: below 0.5 -> soft cap
 
+# the rules of issue 22, token-mean over the completion's tokens unless said otherwise; old p = 0.5 everywhere
+VESPO_W = math.exp(0.3)  # log ratios 0.1 + 0.2 summed
+VESPO_PHI_POS = math.exp(3 + 2 * 0.3 - 3 * VESPO_W)  # k 2, lambda 3 for A >= 0
+VESPO_PHI_NEG = math.exp(2 + 3 * 0.3 - 2 * VESPO_W)  # k 3, lambda 2 for A < 0
+LUSPO_S = math.exp(0.0003)  # mean of log ratios 0.0002, 0.0004: inside (1 - 3e-4, 1 + 4e-4)
+# KL-Cov, three one-token completions, log r (0.1, -0.2, 0), A (1, -1, 0.5): covariances 0.111, 0.194, 0.011 (A's mean
+# 1/6, log pi's mean log 0.5 - 1/30): only the second gets 0.1 |log r|
+KLCOV_LOSS = (-math.exp(0.1) + math.exp(-0.2) + 0.1 * 0.2 - 0.5) / 3
+KLCOV_W = [[math.exp(0.1) / 3], [(-math.exp(-0.2) + 0.1) / 3], [0.5 / 3]]
+# binary KL of p = 0.6 from p_old = 0.5: 0.5 log(0.5/0.6) + 0.5 log(0.5/0.4) = 0.0204 < 0.05; p = 0.75: 0.1438 > 0.05
+
 CASES = {
+    # GPG: -A log pi; value -A per token (departure 1), weight A / |o|
+    "gpg": ("gpg", [2.0, 0.5], [1.0], None, {}, -1.0, [[0.5, 0.5]], [[0, 0]]),
+    # DPPO-TV, A > 0: p 0.75 is 0.25 above p_old > 0.2: masked (high); p 0.65 passes with weight r = 1.3
+    "dppo-tv-positive": ("dppo_tv", [1.5, 1.3], [1.0], None, {}, -1.3 / 2, [[0.0, 0.65]], [[2, 0]]),
+    # A < 0: p 0.25 is 0.25 below: masked (low); p 0.95 rose 0.45, but up is the safe direction for A < 0
+    "dppo-tv-negative": ("dppo_tv", [0.5, 1.9], [-1.0], None, {}, 1.9 / 2, [[0.0, -0.95]], [[1, 0]]),
+    # A = 0 takes the negative branch: p 0.25 is masked, yet no code (A = 0 is never reported) and no gradient
+    "dppo-tv-zero-advantage": ("dppo_tv", [0.5], [0.0], None, {}, 0.0, [[0.0]], [[0]]),
+    # DPPO-KL: binary KL 0.0204 passes (weight 1.2), 0.1438 with p above p_old and A > 0 is masked
+    "dppo-kl-positive": ("dppo_kl", [1.2, 1.5], [1.0], None, {}, -1.2 / 2, [[0.6, 0.0]], [[0, 2]]),
+    # DPPO-KL, A > 0 and p below p_old: always allowed, whatever the divergence (p 0.1: binary KL 0.51)
+    "dppo-kl-safe-direction": ("dppo_kl", [0.2], [1.0], None, {}, -0.2, [[0.2]], [[0]]),
+    # DRO, dro_beta 1, log r (0.2, -0.1): -(A - (log r)^2 / 2) per token; weight (A - log r) / 2
+    "dro": ("dro", [math.exp(0.2), math.exp(-0.1)], [1.0], None, {}, -(0.98 + 0.995) / 2, [[0.4, 0.55]], [[0, 0]]),
+    # VESPO, w = exp(0.1 + 0.2): weight phi(w) A on every token, value -phi A
+    "vespo-positive": ("vespo", [math.exp(0.1), math.exp(0.2)], [1.0], None, {}, -VESPO_PHI_POS,
+                       [[VESPO_PHI_POS / 2, VESPO_PHI_POS / 2]], [[0, 0]]),
+    "vespo-negative": ("vespo", [math.exp(0.1), math.exp(0.2)], [-1.0], None, {}, VESPO_PHI_NEG,
+                       [[-VESPO_PHI_NEG / 2, -VESPO_PHI_NEG / 2]], [[0, 0]]),
+    # LUSPO: the sequence's loss -s A summed over its 2 tokens (one sequence): -2 s; d loss / d logp_t = -s A / 2 * 2
+    "luspo-unclipped": ("luspo", [math.exp(0.0002), math.exp(0.0004)], [1.0], None, {}, -2 * LUSPO_S,
+                        [[LUSPO_S, LUSPO_S]], [[0, 0]]),
+    "luspo-clipped-high": ("luspo", [math.exp(0.001), math.exp(0.001)], [1.0], None, {}, -2 * 1.0004, [[0.0, 0.0]],
+                           [[2, 2]]),
+    "kl-cov": ("kl_cov", [[math.exp(0.1)], [math.exp(-0.2)], [1.0]], [1.0, -1.0, 0.5], None, {}, KLCOV_LOSS, KLCOV_W,
+               [[0], [0], [0]]),
+    # Clip-Cov, band (0.15, 5): log r (0.0953, 0, 0), A (3, -3, 0): covariances 0.191, 0.095, 0: only the first is
+    # eligible and it is zeroed (count max(1, 2e-4 * 3) = 1), staying in the token-mean's denominator
+    "clip-cov": ("clip_cov", [[1.1], [1.0], [1.0]], [3.0, -3.0, 0.0], None, {"clip_cov_lb": 0.15}, 3.0 / 3,
+                 [[0.0], [-1.0], [0.0]], [[0], [0], [0]]),
     # GRPO, seq-mean-token-mean over 2 tokens: loss = -(1.1 + 0.9) / 2; w = r * A / 2
     "grpo-unclipped": ("grpo", [1.1, 0.9], [1.0], None, {}, -1.0, [[0.55, 0.45]], [[0, 0]]),
     # r = 1.5 > 1.2 with A > 0: token 0 is worth clip(r) A = 1.2 and gets no gradient
