@@ -21,6 +21,7 @@ DPPO's divergence left its bound downwards: zero gradient); 2 high (A > 0, the s
 dual_clip, SAPO's gate or VESPO's gamma weight below SOFT_CAP_LEVEL). Tokens with A == 0 are never reported as
 clipped (their policy loss and gradient are 0 whatever the ratio). GSPO/GSPO-token: the sequence's code on each of
 its tokens. GMPO: the per-token log-space clip (1/2) that removes a token from the geometric mean's gradient.
+4 cov: a token Clip-Cov's rule zeroed or KL-Cov's penalised (an unclipped token; KL-Cov has no clip), whatever A.
 
 Departures from the papers (all deliberate, all covered by tests):
 1. Score-function losses (CISPO, ASPO's soft cap, GPG, DPPO, DRO, VESPO): the papers and verl/TRL write
@@ -66,12 +67,13 @@ from engine.algorithms import (
     resolve,
     uses_critic,
 )
-from engine.clip_codes import CLIP_CAP, CLIP_EVENTS, CLIP_HIGH, CLIP_LOW, CLIP_NAMES, CLIP_NONE
+from engine.clip_codes import CLIP_CAP, CLIP_COV, CLIP_EVENTS, CLIP_HIGH, CLIP_LOW, CLIP_NAMES, CLIP_NONE
 
 __all__ = [
     "AGGREGATIONS",
     "ALGORITHMS",
     "CLIP_CAP",
+    "CLIP_COV",
     "CLIP_EVENTS",
     "CLIP_HIGH",
     "CLIP_LOW",
@@ -403,14 +405,14 @@ def _clip_cov(loss, h, codes, cov, on, p, generator):
         perm = torch.randperm(len(idx), generator=generator, device=device).to(idx.device)
         chosen = idx[perm[:count]]
         keep[chosen[:, 0], chosen[:, 1]] = 0.0
-    return loss * keep, h * keep
+    return loss * keep, h * keep, keep == 0
 
 
 def _kl_cov(loss, h, log_rho, cov, on, p):
     """Add kl_cov_coef * |log r| to the top kl_cov_ratio share (at least one) of the valid tokens by covariance."""
     valid_cov = cov[on]  # row-major, as verl's flattened valid tokens
     if valid_cov.numel() == 0:
-        return loss, h
+        return loss, h, torch.zeros_like(on)
     top = torch.topk(valid_cov.cpu(), max(1, int(valid_cov.numel() * p["kl_cov_ratio"])), largest=True).indices
     flat = torch.nonzero(on.reshape(-1), as_tuple=True)[0][top.to(on.device)]
     chosen = torch.zeros(on.numel(), dtype=torch.bool, device=on.device)
@@ -419,7 +421,7 @@ def _kl_cov(loss, h, log_rho, cov, on, p):
     coef = p["kl_cov_coef"]
     loss = torch.where(chosen, loss + coef * log_rho.abs(), loss)
     h = torch.where(chosen, h - coef * torch.sign(log_rho.detach()), h)
-    return loss, h
+    return loss, h, chosen
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -487,9 +489,10 @@ def _policy_term(obj, p, logp, old, d, adv, m, entropy, generator):
     if obj.covariance is not None:
         cov = token_covariance(adv, logp, m)
         if obj.covariance == "clip":
-            loss, h = _clip_cov(loss, h, codes, cov, on, p, generator)
+            loss, h, selected = _clip_cov(loss, h, codes, cov, on, p, generator)
         else:
-            loss, h = _kl_cov(loss, h, log_rho, cov, on, p)
+            loss, h, selected = _kl_cov(loss, h, log_rho, cov, on, p)
+        codes = torch.where(selected, torch.full_like(codes, CLIP_COV), codes)  # never a clipped token (see rules)
     if p["top_entropy_quantile"] < 1.0:
         if entropy is None:
             raise ValueError("top_entropy_quantile < 1 needs the tokens' entropy; accepted: pass entropy=(B, T)")

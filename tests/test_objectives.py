@@ -119,11 +119,11 @@ CASES = {
     "luspo-clipped-high": ("luspo", [math.exp(0.001), math.exp(0.001)], [1.0], None, {}, -2 * 1.0004, [[0.0, 0.0]],
                            [[2, 2]]),
     "kl-cov": ("kl_cov", [[math.exp(0.1)], [math.exp(-0.2)], [1.0]], [1.0, -1.0, 0.5], None, {}, KLCOV_LOSS, KLCOV_W,
-               [[0], [0], [0]]),
+               [[0], [4], [0]]),
     # Clip-Cov, band (0.15, 5): log r (0.0953, 0, 0), A (3, -3, 0): covariances 0.191, 0.095, 0: only the first is
     # eligible and it is zeroed (count max(1, 2e-4 * 3) = 1), staying in the token-mean's denominator
     "clip-cov": ("clip_cov", [[1.1], [1.0], [1.0]], [3.0, -3.0, 0.0], None, {"clip_cov_lb": 0.15}, 3.0 / 3,
-                 [[0.0], [-1.0], [0.0]], [[0], [0], [0]]),
+                 [[0.0], [-1.0], [0.0]], [[4], [0], [0]]),
     # GRPO, seq-mean-token-mean over 2 tokens: loss = -(1.1 + 0.9) / 2; w = r * A / 2
     "grpo-unclipped": ("grpo", [1.1, 0.9], [1.0], None, {}, -1.0, [[0.55, 0.45]], [[0, 0]]),
     # r = 1.5 > 1.2 with A > 0: token 0 is worth clip(r) A = 1.2 and gets no gradient
@@ -448,8 +448,8 @@ EXPECTED_CODES = {
     "dppo_tv": {0, 1, 2, 3},
     "dppo_kl": {0, 1, 2, 3},
     "dro": {0},
-    "clip_cov": {0, 1, 2},
-    "kl_cov": {0},
+    "clip_cov": {0, 1, 2, 4},
+    "kl_cov": {0, 4},
     "luspo": {0, 1, 2},
     "vespo": {0, 3},
 }
@@ -578,7 +578,9 @@ def test_masked_tokens_never_get_gradient(algo):
 def test_zero_advantage_gives_zero_policy_gradient_and_no_clip(algo):
     logp, old, adv, mask, _, _ = random_batch(seed=4)
     out = policy_loss(algo, logp, old, torch.zeros_like(adv), mask)
-    assert bool((out.clip == 0).all())
+    selected = torch.zeros_like(mask, dtype=torch.bool)
+    selected[0, 0] = algo == "kl_cov"  # KL-Cov's penalty goes to a token whatever A (code 4 "cov"), nothing else
+    assert torch.equal(out.clip == 4, selected) and bool((out.clip[~selected] == 0).all())
     a = mask / mask.sum()  # token-mean
     if algo == "dro":  # its penalty -dro_beta/2 (log r)^2 pulls towards pi_old whatever A: weight -dro_beta log r
         torch.testing.assert_close(out.grad_weight, -a * (logp - old) * mask)

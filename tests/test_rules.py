@@ -156,6 +156,8 @@ def test_clip_cov_is_verls_given_the_same_permutation(core, seed, share):
     zeroed = (plain.grad_weight != 0) & (out.grad_weight == 0)
     expected = max(int(share * mask.sum().item()), 1)
     assert 1 <= int(zeroed.sum()) <= expected
+    # the selected tokens carry code 4 ("cov"): every zeroed one, and no more than the share
+    assert bool((out.clip[zeroed] == 4).all()) and int((out.clip == 4).sum()) <= expected
     if share == 0.05:
         assert int(zeroed.sum()) > 1
 
@@ -169,8 +171,9 @@ def test_kl_cov_is_verls(core, seed, share):
                                                                           settings)[0], logp)
     out = ours("kl_cov", logp, old, adv, mask, kl_cov_ratio=share)
     agree("kl_cov", out.loss.detach(), ref_loss, out.grad_weight, ref_w)
-    penalised = ((out.grad_weight - adv * torch.exp(logp - old) * mask / mask.sum()).abs() > 1e-12).sum()
-    assert int(penalised) == max(1, int(share * mask.sum().item()))
+    penalised = (out.grad_weight - adv * torch.exp(logp - old) * mask / mask.sum()).abs() > 1e-12
+    assert int(penalised.sum()) == max(1, int(share * mask.sum().item()))
+    assert torch.equal(out.clip == 4, penalised)  # code 4 ("cov") marks exactly the penalised tokens
 
 
 @pytest.mark.parametrize("seed", SEEDS)
