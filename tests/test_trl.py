@@ -445,3 +445,34 @@ def test_engine_trains_a_model_dir_with_a_byte_level_bpe_tokenizer(tmp_path, run
         assert mine["position"].tolist() == list(range(r.length))
         assert tokenizer.decode(mine["token_id"].tolist(), skip_special_tokens=True) == r.completion
     assert "\ufffd" not in "".join(tokens["token_text"]) and "Ġ" not in "".join(tokens["token_text"])
+
+
+@pytest.mark.parametrize("loss_type", ["grpo", "dapo", "luspo", "cispo", "sapo"])
+def test_the_adapters_surrogates_are_trls_formulas(loss_type):
+    """The adapter computes TRL's token losses and clip rules with the engine's surrogates (trl_surrogate); on random
+    ratios they are TRL 1.16's lines of `_compute_loss` (restated here), CISPO's absolute bound included."""
+    from engine.integrations.trl import clip_codes, token_losses
+
+    g = torch.Generator().manual_seed(5)
+    coef_1 = torch.exp(torch.randn(6, 9, generator=g, dtype=torch.float64) * 0.6)
+    adv = torch.randn(6, 1, generator=g, dtype=torch.float64)
+    adv[0] = 0.0
+    eps_low, eps_high = (0.2, 1.5) if loss_type == "cispo" else (0.2, 0.28)
+    if loss_type == "cispo":  # per_token_loss = -clamp(coef_1, max=epsilon_high) * A (* log pi: departure 1)
+        expected = -torch.clamp(coef_1, max=eps_high) * adv
+        low, high, dual = torch.zeros_like(coef_1, dtype=torch.bool), torch.zeros_like(coef_1, dtype=torch.bool), (
+            coef_1 > eps_high) & (adv > 0)  # is_cispo_clipped
+    elif loss_type == "sapo":
+        tau = torch.where(adv > 0, 1.0, 1.05).to(torch.float64)
+        expected = -torch.sigmoid(tau * (coef_1 - 1)) * 4 / tau * adv
+        gate = torch.sigmoid(tau * (coef_1 - 1))
+        low = high = torch.zeros_like(coef_1, dtype=torch.bool)
+        dual = (4 * gate * (1 - gate) < 0.5) & (adv != 0)  # the engine's soft-cap rule (TRL logs none)
+    else:
+        expected = -torch.min(coef_1 * adv, torch.clamp(coef_1, 1 - eps_low, 1 + eps_high) * adv)
+        low, high = (coef_1 < 1 - eps_low) & (adv < 0), (coef_1 > 1 + eps_high) & (adv > 0)
+        dual = torch.zeros_like(low)
+    torch.testing.assert_close(token_losses(loss_type, coef_1, adv, eps_low, eps_high), expected.expand(6, 9))
+    codes = clip_codes(loss_type, coef_1, adv, eps_low, eps_high)
+    assert torch.equal(codes == 1, low) and torch.equal(codes == 2, high) and torch.equal(codes == 3, dual)
+    assert bool((codes > 0).any()) or loss_type == "sapo"

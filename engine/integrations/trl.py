@@ -73,7 +73,7 @@ except ImportError as err:  # pragma: no cover - depends on the installed extras
 
 from engine.clip_codes import CLIP_CAP, CLIP_HIGH, CLIP_LOW, CLIP_NONE, fraction_column
 from engine.importers import as_text, components_json, run_name_from_folder
-from engine.objectives import SurrogateOutput, k3_kl, surrogate, top_entropy_mask, vespo_log_weight
+from engine.objectives import SurrogateOutput, defaults, k3_kl, surrogate, top_entropy_mask, vespo_log_weight
 from engine.rollout import TokenText
 from engine.runlog import RunLogError, RunWriter, validate_run_name
 
@@ -143,13 +143,14 @@ def algorithm_name(loss_type: str, importance_sampling_level: str = "token") -> 
 
 
 def trl_surrogate(loss_type: str, coef_1: torch.Tensor, advantages: torch.Tensor, eps_low: float, eps_high: float,
-                  sapo_temperatures: tuple[float, float] = (1.0, 1.05),
-                  vespo_gamma: tuple[float, float, float, float] = (2.0, 3.0, 3.0, 2.0)) -> SurrogateOutput | None:
+                  sapo_temperatures: tuple[float, float] | None = None,
+                  vespo_gamma: tuple[float, float, float, float] | None = None) -> SurrogateOutput | None:
     """TRL's per-token loss for `loss_type` computed by the engine's surrogate, or None for a loss the engine lacks.
 
     coef_1: (B, T) token ratios or (B, 1) sequence ratios (for vespo: its sequence weight w); advantages (B, 1) or
-    (B, T). eps_low / eps_high: TRL's epsilon_low / epsilon_high. vespo_gamma: (k_pos, lambda_pos, k_neg,
-    lambda_neg). Values in the engine's convention (engine.objectives departure 1); detached.
+    (B, T). eps_low / eps_high: TRL's epsilon_low / epsilon_high. sapo_temperatures (tau_pos, tau_neg) and
+    vespo_gamma (k_pos, lambda_pos, k_neg, lambda_neg): the run's; None takes the registry's published values (TRL's
+    defaults are the same). Values in the engine's convention (engine.objectives departure 1); detached.
     """
     kind = TRL_SURROGATES.get(loss_type)
     if kind is None:
@@ -157,9 +158,12 @@ def trl_surrogate(loss_type: str, coef_1: torch.Tensor, advantages: torch.Tensor
     r, adv = coef_1.detach(), advantages.detach()
     if kind == "cispo" and TRL_CISPO_BOUND_IS_ABSOLUTE:
         eps_low, eps_high = 1.0, eps_high - 1.0
-    params = {"tau_pos": sapo_temperatures[0], "tau_neg": sapo_temperatures[1],
-              **dict(zip(("vespo_k_pos", "vespo_lambda_pos", "vespo_k_neg", "vespo_lambda_neg"), vespo_gamma,
-                         strict=True))}
+    params = {**defaults("sapo"), **defaults("vespo")}  # the knobs of both soft rules, as published
+    if sapo_temperatures is not None:
+        params |= dict(zip(("tau_pos", "tau_neg"), sapo_temperatures, strict=True))
+    if vespo_gamma is not None:
+        params |= dict(zip(("vespo_k_pos", "vespo_lambda_pos", "vespo_k_neg", "vespo_lambda_neg"), vespo_gamma,
+                           strict=True))
     out = surrogate(kind, torch.log(r), adv, eps_low, eps_high, **params)
     clip = out.clip
     if kind == "cispo" and TRL_CISPO_COUNTS_POSITIVE_ONLY:
@@ -173,7 +177,7 @@ def clip_codes(
     advantages: torch.Tensor,
     eps_low: float,
     eps_high: float,
-    sapo_temperatures: tuple[float, float] = (1.0, 1.05),
+    sapo_temperatures: tuple[float, float] | None = None,
 ) -> torch.Tensor:
     """Clip code (engine.clip_codes) per token by TRL's own rule for `loss_type`; (B, T) or (B, 1) int8.
 
@@ -196,7 +200,7 @@ def token_losses(
     eps_high: float,
     kl_term: torch.Tensor | None = None,
     beta: float = 0.0,
-    sapo_temperatures: tuple[float, float] = (1.0, 1.05),
+    sapo_temperatures: tuple[float, float] | None = None,
     keep: torch.Tensor | None = None,
 ) -> torch.Tensor | None:
     """Per-token loss value of TRL's formula (before aggregation), or None where the engine has no such loss.
