@@ -99,17 +99,17 @@ def test_each_algorithm_trains_and_logs_consistent_values(algo_runs, warm_cache,
     # ---- clip codes agree with ratios, advantages and eps
     p = defaults(algo) | {k: cfg[k] for k in ("eps_low", "eps_high") if cfg.get(k) is not None}
     adv = tp.adv.to_numpy()
-    if algo in ("grpo", "dapo", "dr_grpo", "gspo", "gspo_token"):
+    if algo in ("grpo", "dapo", "dr_grpo", "gspo", "gspo_token", "luspo", "clip_cov"):
         lo, hi = 1 - p["eps_low"], 1 + p["eps_high"]
         np.testing.assert_array_equal(tp["clip"] == CLIP_LOW, (adv < 0) & (tp.ratio < lo))
         np.testing.assert_array_equal(tp["clip"] == CLIP_HIGH, (adv > 0) & (tp.ratio > hi))
-    if algo in ("grpo", "dapo", "dr_grpo", "ppo"):
+    if algo in ("grpo", "dapo", "dr_grpo", "ppo", "gpg", "dppo_tv", "dppo_kl", "dro", "clip_cov", "kl_cov"):
         np.testing.assert_allclose(tp.ratio, np.exp(tp.new_logp - tp.old_logp), rtol=1e-5)
     if algo == "aspo":  # eps 0.2, or 0.4 on high-entropy tokens
         low, high = tp["clip"] == CLIP_LOW, tp["clip"] == CLIP_HIGH
         assert ((adv[low] < 0) & (tp.ratio[low] < 0.8)).all()
         assert ((adv[high] > 0) & (tp.ratio[high] > 1.2)).all()
-    if algo in ("gspo", "gspo_token", "gmpo"):  # one sequence ratio per rollout and pass, logged on rollouts too
+    if algo in ("gspo", "gspo_token", "gmpo", "luspo", "vespo"):  # one sequence ratio per rollout and pass, logged
         spread = tp.groupby(["step", "pass", "rollout_id"]).ratio.agg(lambda x: x.max() - x.min())
         assert spread.max() < 1e-5
         seq = read(logs_dir, run, "SELECT seq_ratio FROM rollouts WHERE run = RUN AND kind = 'train'")
