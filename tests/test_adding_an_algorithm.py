@@ -47,3 +47,13 @@ def test_the_how_to_names_files_that_exist():
     paths = set(re.findall(r"`((?:engine|tests|docs)/[\w/.-]+\.(?:py|md))`", DOC.read_text()))
     assert {"engine/algorithms.py", "engine/objectives.py", "engine/config.py"} <= paths
     assert [p for p in sorted(paths) if not (root / p).exists()] == []
+
+
+def test_the_registry_imports_without_torch():
+    import subprocess
+    import sys
+
+    code = ("import sys, engine.algorithms, engine.clip_codes; from engine.config import field_docs; field_docs(); "
+            "sys.exit('torch' in sys.modules)")
+    root = Path(__file__).resolve().parents[1]
+    assert subprocess.run([sys.executable, "-c", code], cwd=root, env={"PYTHONPATH": str(root)}).returncode == 0
