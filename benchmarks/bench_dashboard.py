@@ -52,7 +52,15 @@ def synthetic_step(step: int, groups: int, group_size: int, length: int, passes:
     GRPO rule, three reasoning steps per completion."""
     import numpy as np
 
-    from engine.clip_codes import CLIP_CAP, CLIP_HIGH, CLIP_LOW, CLIP_NONE
+    from engine.clip_codes import (
+        CLIP_CAP,
+        CLIP_HIGH,
+        CLIP_LOW,
+        CLIP_NONE,
+        clip_fractions,
+        count_clip_events,
+        fraction_column,
+    )
 
     evals = 2
     n_train, n = groups * group_size, groups * group_size + evals
@@ -116,9 +124,8 @@ def synthetic_step(step: int, groups: int, group_size: int, length: int, passes:
         "heldout_accuracy": float(reward[n_train:].mean()) if step % 10 == 0 else None,
         "entropy": float(tokens["entropy"].mean()),
         "kl": float(token_passes["kl"].mean()) if token_passes else 0.0,
-        "clip_low_frac": float((clip_all == CLIP_LOW).mean()) if len(clip_all) else 0.0,
-        "clip_high_frac": float((clip_all == CLIP_HIGH).mean()) if len(clip_all) else 0.0,
-        "clip_dual_frac": float((clip_all == CLIP_CAP).mean()) if len(clip_all) else 0.0,
+        **{fraction_column(c): share
+           for c, share in clip_fractions(count_clip_events(np.asarray(clip_all)), len(clip_all)).items()},
         "response_len_mean": float(lengths[:n_train].mean()), "response_len_max": float(lengths[:n_train].max()),
         "truncated_frac": float((lengths[:n_train] == length).mean()),
         "groups_kept": int(groups - (std == 0).sum()), "groups_filtered": int((std == 0).sum()), "gen_batches": 1,

@@ -16,7 +16,7 @@ import plotly.graph_objects as go
 from plotly.colors import get_colorscale, qualitative
 
 from dashboard.tokens import CHANNELS, channel_range, visible_text
-from engine.clip_codes import CLIP_CAP, CLIP_EVENTS, CLIP_HIGH, CLIP_LOW, CLIP_NAMES, CLIP_NONE
+from engine.clip_codes import CLIP_CAP, CLIP_COV, CLIP_EVENTS, CLIP_HIGH, CLIP_LOW, CLIP_NAMES, CLIP_NONE
 
 # Metric curves shown on the Runs and Replay pages: (column of the `steps` view, title).
 CURVE_METRICS: list[tuple[str, str]] = [
@@ -34,7 +34,8 @@ CURVE_METRICS: list[tuple[str, str]] = [
     ("explained_variance", "explained variance (critic)"),
 ]
 
-CLIP_COLOURS = {CLIP_NONE: "rgba(0,0,0,0)", CLIP_LOW: "#1f77b4", CLIP_HIGH: "#d62728", CLIP_CAP: "#9467bd"}
+CLIP_COLOURS = {CLIP_NONE: "rgba(0,0,0,0)", CLIP_LOW: "#1f77b4", CLIP_HIGH: "#d62728", CLIP_CAP: "#9467bd",
+                CLIP_COV: "#ff7f0e"}
 PALETTE = qualitative.Plotly + qualitative.D3
 
 

@@ -19,6 +19,7 @@ import json
 import pandas as pd
 import streamlit as st
 
+from engine.algorithms import defaults as algorithm_defaults
 from engine.clip_codes import CLIP_CAP, CLIP_HIGH, CLIP_LOW, CLIP_NONE
 
 LIVE_TTL = 2  # seconds; the live watcher polls every 3 s
@@ -186,7 +187,7 @@ def step_pass_summary(logs_dir: str, run: str, step: int) -> pd.DataFrame:
     return sql(
         logs_dir,
         """SELECT "pass", count(*) AS tokens, avg((clip = ?)::DOUBLE) AS low, avg((clip = ?)::DOUBLE) AS high,
-                  avg((clip = ?)::DOUBLE) AS "dual / cap", avg(abs(grad_weight)) AS mean_abs_grad_weight,
+                  avg((clip = ?)::DOUBLE) AS dual, avg(abs(grad_weight)) AS mean_abs_grad_weight,
                   avg(abs(ratio - 1)) AS mean_abs_ratio_change
            FROM token_passes WHERE run = ? AND step = ? GROUP BY "pass" ORDER BY "pass" """,
         [CLIP_LOW, CLIP_HIGH, CLIP_CAP, run, step],
@@ -519,9 +520,9 @@ def rollouts_with_token(logs_dir: str, run: str, first: int, last: int, token_te
     )
 
 
-ASPO_ENTROPY_QUANTILE = 0.8
-"""ASPO (arXiv 2510.06062, Archer2.0 code) widens the clip range of a response's tokens above its 80th entropy
-percentile; the high-entropy "forking" tokens of arXiv 2506.01939 are the same top 20%."""
+ASPO_ENTROPY_QUANTILE = algorithm_defaults("aspo")["entropy_quantile"]
+"""ASPO (arXiv 2510.06062, Archer2.0 code) widens the clip range of a response's tokens above this entropy quantile
+of the response (engine.algorithms); the high-entropy "forking" tokens of arXiv 2506.01939 are the same top share."""
 
 
 @st.cache_data(ttl=RUN_TTL, show_spinner=False)

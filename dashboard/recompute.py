@@ -14,8 +14,9 @@ import numpy as np
 import pandas as pd
 import torch
 
+from engine.clip_codes import CLIP_NAMES, clip_fractions, count_clip_events
 from engine.logrows import LoggedBatch, batch_from_tokens
-from engine.objectives import ALGORITHMS, CLIP_EVENTS, CLIP_NAMES, defaults, policy_loss
+from engine.objectives import ALGORITHMS, defaults, policy_loss
 
 __all__ = ["KNOBS", "SCHEMES", "Weighting", "advantage_schemes", "author_knobs", "batch_from_tokens",
            "clip_fraction_row", "clip_region", "process_sandbox", "weigh", "whitened"]
@@ -56,8 +57,8 @@ def weigh(batch: LoggedBatch, algo: str, overrides: dict) -> Weighting:
 
 def clip_fraction_row(algo: str, weighting: Weighting) -> dict:
     codes = weighting.clip[weighting.clip >= 0]
-    n = max(1, codes.size)
-    return {"algorithm": algo, **{CLIP_NAMES[c]: (codes == c).sum() / n for c in CLIP_EVENTS},
+    shares = clip_fractions(count_clip_events(codes), codes.size)
+    return {"algorithm": algo, **{CLIP_NAMES[c]: share for c, share in shares.items()},
             "zero-gradient tokens": float(
                 np.isclose(weighting.grad_weight[weighting.clip >= 0], 0).mean()) if codes.size else 0.0}
 

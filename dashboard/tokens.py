@@ -18,7 +18,7 @@ from dataclasses import dataclass
 import pandas as pd
 from plotly.colors import sample_colorscale
 
-from engine.clip_codes import CLIP_CAP, CLIP_HIGH, CLIP_LOW, CLIP_NAMES
+from engine.clip_codes import CLIP_CAP, CLIP_COV, CLIP_HIGH, CLIP_LOW, CLIP_NAMES
 
 
 @dataclass(frozen=True)
@@ -52,6 +52,7 @@ CLIP_STYLES = {
     CLIP_LOW: "border-bottom:4px solid #1f77b4;",
     CLIP_HIGH: "border-top:4px solid #d62728;",
     CLIP_CAP: "outline:2px dashed #9467bd;outline-offset:-1px;",
+    CLIP_COV: "outline:2px dotted #ff7f0e;outline-offset:-1px;",
 }
 
 

@@ -6,13 +6,14 @@
     cfg.to_dict()                                               # the fully resolved config saved with the run
 
 A field left at `None` is filled from the algorithm preset when the config is built (`__post_init__`), so the saved
-config always holds concrete numbers. Every number a paper prescribes lives in the registry `engine.objectives`: the
+config always holds concrete numbers. Every number a paper prescribes lives in the registry `engine.algorithms`: the
 objective's hyper-parameters (clip ranges, KL weight, aggregation ...: `defaults(algo)`, checked by `resolve`) and the
 loop settings (passes per batch, dynamic sampling, overlong shaping: `loop_defaults(algo)`); this file adds the
-common loop defaults (LOOP_DEFAULTS) and everything that is not an algorithm's.
+common loop defaults (LOOP_DEFAULTS) and everything that is not an algorithm's. No field's docstring types a preset.
 
-Every field has a docstring right under it; `field_docs()` reads them so that `policylens train --help` shows the
-same text and every field is a command-line flag (`--eps-high 0.28`, `--no-dynamic-sampling`, ...).
+Every field has a docstring right under it; `field_docs()` reads them and appends each algorithm's preset from the
+registry, so that `policylens train --help` shows the same text and every field is a command-line flag
+(`--eps-high 0.28`, `--no-dynamic-sampling`, ...).
 
 Departures from the papers, on purpose (the papers train 7B-32B models on thousands of GPUs; we train a ~1M-parameter
 model on two CPU cores):
@@ -51,7 +52,7 @@ class ConfigError(ValueError):
 
 
 # Loop settings of an algorithm whose paper prescribes none (each algorithm's own are `Objective.loop` in
-# engine.objectives, with the paper they come from). Two epochs x two mini-batches, so that from the second pass on
+# engine.algorithms, with the paper they come from). Two epochs x two mini-batches, so that from the second pass on
 # the ratio leaves 1 and the clip really acts: on the first pass the policy still is pi_old (GRPO, arXiv 2402.03300,
 # Algorithm 1, also takes several gradient steps per sampled batch).
 LOOP_DEFAULTS: dict[str, Any] = {
@@ -68,7 +69,7 @@ CRITIC_FIELDS = ("kl_coef", "gae_gamma", "gae_lambda", "whiten_advantages", "val
 
 
 def _objective_fields() -> tuple[str, ...]:
-    from engine.objectives import OBJECTIVES
+    from engine.algorithms import OBJECTIVES
 
     return tuple(dict.fromkeys(name for o in OBJECTIVES.values() for name in o.defaults()))
 
@@ -82,7 +83,7 @@ OBJECTIVE_FIELDS = _objective_fields()
 class TrainConfig:
     # ------------------------------------------------------------------ what to train
     algo: str = "grpo"
-    """Algorithm preset, one of engine.objectives.ALGORITHMS (listed under Choices): sets the objective and the loop
+    """Algorithm preset, one of engine.algorithms.ALGORITHMS (listed under Choices): sets the objective and the loop
     settings its paper prescribes; any field given explicitly overrides the preset."""
     task: str = "linear"
     """Task with an exact verifier (see engine.tasks): `linear` (solve a x + b = c, as in 2x + 3 = 7) or the
@@ -134,7 +135,7 @@ class TrainConfig:
 
     # ------------------------------------------------------------------ rewards and filtering
     overlong_shaping: bool | None = None
-    """DAPO soft overlong punishment (arXiv 2503.14476 eq. 13) added to the correctness reward. Preset: on for dapo."""
+    """DAPO soft overlong punishment (arXiv 2503.14476 eq. 13) added to the correctness reward."""
     overlong_max_len: int | None = None
     """L_max of the overlong shaping, in tokens. None: max_new_tokens (the paper's 20480 is its generation budget)."""
     overlong_cache_len: int | None = None
@@ -144,67 +145,90 @@ class TrainConfig:
     loss, their rewards still enter the group statistics."""
     dynamic_sampling: bool | None = None
     """DAPO dynamic sampling (sec. 3.2): drop groups whose rewards are all equal and sample further batches until
-    the batch is full of mixed groups. Preset: on for dapo."""
+    the batch is full of mixed groups."""
     max_gen_batches: int = 10
     """Dynamic sampling gives up with an error after this many generation batches in one step (verl default 10)."""
 
     # ------------------------------------------------------------------ advantages
     scale_adv_by_std: bool | None = None
-    """Divide the group-centred reward by the group std (GRPO). Preset: off for dr_grpo (arXiv 2503.20783)."""
+    """Divide the group-centred reward by the group std (GRPO; Dr. GRPO, arXiv 2503.20783, does not)."""
 
     # ------------------------------------------------------------------ critic and GAE (algorithms with a critic: ppo)
     kl_coef: float | None = None
     """PPO: weight of the KL to pi_ref inside the per-token reward, r_t = score_t - kl_coef * (log pi_old - log
-    pi_ref) on every token (Ziegler et al. 2019, arXiv 1909.08593; Ouyang et al. 2022 used 0.02). Preset 0.05 (TRL's
-    PPO trainer). None for algorithms without a critic."""
+    pi_ref) on every token (Ziegler et al. 2019, arXiv 1909.08593). None for algorithms without a critic."""
     gae_gamma: float | None = None
-    """PPO: GAE discount gamma (Schulman et al., arXiv 1506.02438). Preset 1.0: no discount within a completion, as in
-    Ziegler et al. 2019 and the 'N implementation details of RLHF with PPO' write-up (Huang et al.)."""
+    """PPO: GAE discount gamma (Schulman et al., arXiv 1506.02438); 1 = no discount within a completion."""
     gae_lambda: float | None = None
-    """PPO: GAE lambda, the bias/variance trade-off between TD(0) (0) and the Monte Carlo return (1). Preset 0.95
-    (Ziegler et al. 2019; Huang et al.'s write-up)."""
+    """PPO: GAE lambda, the bias/variance trade-off between TD(0) (0) and the Monte Carlo return (1)."""
     whiten_advantages: bool | None = None
     """PPO: whiten the GAE advantages over the batch's loss tokens ((A - mean) / std) before the loss, as
-    the usual implementations do (Ziegler et al. 2019; TRL). Preset: on."""
+    the usual implementations do (Ziegler et al. 2019; TRL)."""
     value_clip: float | None = None
     """PPO: the new value may leave the value it had at sampling time by at most this much before its squared error
-    stops counting (clipped value loss, max of the clipped and unclipped errors). Preset 0.2 (Ziegler et al. 2019)."""
+    stops counting (clipped value loss, max of the clipped and unclipped errors)."""
     value_coef: float | None = None
-    """PPO: coefficient of the value loss (vf_coef). Preset 0.1 (Ziegler et al. 2019; TRL). The critic is a
-    separate model with its own AdamW, so this mostly sets how much of its gradient the norm clip lets through."""
+    """PPO: coefficient of the value loss (vf_coef). The critic is a separate model with its own AdamW, so this
+    mostly sets how much of its gradient the norm clip lets through."""
     critic_lr: float | None = None
     """PPO: the critic's AdamW learning rate. None: 10 x lr. Higher than the policy's because the value head starts
     at zero and must learn the reward's scale within the minutes a run lasts (papers share one lr at 1e-6..1e-5)."""
 
-    # ------------------------------------------------------------------ objective (None: engine.objectives.defaults)
+    # ------------------------------------------------------------------ objective (None: engine.algorithms.defaults)
     eps_low: float | None = None
-    """Lower clip range: ratio < 1 - eps_low with A < 0 is clipped (GRPO/DAPO 0.2; GSPO 3e-4 on the sequence ratio)."""
+    """Lower clip range: ratio < 1 - eps_low with A < 0 is clipped (GSPO, LUSPO: the sequence ratio; GMPO: in log
+    space). DPPO: how far p may fall below p_old (TV) or the binary KL bound, for A <= 0."""
     eps_high: float | None = None
-    """Upper clip range: ratio > 1 + eps_high with A > 0 is clipped (GRPO 0.2; DAPO clip-higher 0.28; GSPO 4e-4)."""
+    """Upper clip range: ratio > 1 + eps_high with A > 0 is clipped (DAPO's clip-higher raises it). DPPO: how far p may
+    rise above p_old (TV) or the binary KL bound, for A > 0."""
     beta: float | None = None
-    """Weight of the k3 KL penalty to pi_ref in the loss (GRPO 0.04, ASPO 0.001, DAPO/GSPO 0)."""
+    """Weight of the k3 KL penalty to pi_ref in the loss (GRPO eq. 3)."""
     aggregation: str | None = None
-    """How token losses become one number (seq-mean-token-mean for GRPO, token-mean for DAPO/ASPO/CISPO,
-    seq-sum for Dr. GRPO, per sequence for GSPO); see engine.objectives."""
+    """How token losses become one number (one of engine.algorithms.AGGREGATIONS: per-response token mean, batch
+    token mean, Dr. GRPO's constant normaliser, per sequence, LUSPO's per-sequence token sum)."""
     dual_clip: float | None = None
-    """Dual-clip / soft-cap constant c (ASPO c = 3: weights above c are capped, gradient kept)."""
+    """Cap c on the weight, gradient kept (ASPO's soft dual clip; DPPO's truncated ratio, verl's clip_ratio_c)."""
     tau_pos: float | None = None
-    """SAPO gate temperature for A > 0 tokens (arXiv 2511.20347: 1.0)."""
+    """SAPO gate temperature for A > 0 tokens (arXiv 2511.20347)."""
     tau_neg: float | None = None
-    """SAPO gate temperature for A < 0 tokens (arXiv 2511.20347: 1.05)."""
+    """SAPO gate temperature for A < 0 tokens (arXiv 2511.20347)."""
     entropy_quantile: float | None = None
-    """ASPO: tokens above this entropy quantile of their response use eps_high_entropy (Archer2.0: 0.8)."""
+    """ASPO: tokens above this entropy quantile of their response use eps_high_entropy (Archer2.0)."""
     eps_high_entropy: float | None = None
-    """ASPO: clip range for high-entropy tokens (Archer2.0: 0.4)."""
+    """ASPO: clip range for high-entropy tokens (Archer2.0)."""
+    top_entropy_quantile: float | None = None
+    """Share of each mini-batch's tokens, highest entropy first, whose policy term is kept; the KL term and the
+    normalisers are unchanged ('80/20', arXiv 2506.01939, keeps 0.2; TRL's top_entropy_quantile). Any algorithm."""
+    dro_beta: float | None = None
+    """DRO: coefficient of its penalty dro_beta/2 (log pi/pi_old)^2 (verl's policy_loss.dro_beta; not beta)."""
+    clip_cov_ratio: float | None = None
+    """Clip-Cov: share of the tokens whose gradient is zeroed, drawn among those in the covariance band (arXiv
+    2505.22617)."""
+    clip_cov_lb: float | None = None
+    """Clip-Cov: lower end of the covariance band (exclusive)."""
+    clip_cov_ub: float | None = None
+    """Clip-Cov: upper end of the covariance band (exclusive)."""
+    kl_cov_ratio: float | None = None
+    """KL-Cov: share of the tokens, highest covariance first, given the |log r| penalty (arXiv 2505.22617)."""
+    kl_cov_coef: float | None = None
+    """KL-Cov: coefficient of the |log r| penalty (verl's policy_loss.ppo_kl_coef)."""
+    vespo_k_pos: float | None = None
+    """VESPO: power k of the gamma weight for A >= 0 (arXiv 2602.10693; TRL's vespo_k_pos)."""
+    vespo_lambda_pos: float | None = None
+    """VESPO: decay lambda of the gamma weight for A >= 0."""
+    vespo_k_neg: float | None = None
+    """VESPO: power k of the gamma weight for A < 0."""
+    vespo_lambda_neg: float | None = None
+    """VESPO: decay lambda of the gamma weight for A < 0."""
     max_len: int | None = None
     """Constant normaliser L_max of Dr. GRPO's seq-mean-token-sum-norm aggregation. None: max_new_tokens (so the
     loss scale does not depend on the longest completion of a mini-batch)."""
 
     # ------------------------------------------------------------------ optimisation
     epochs: int | None = None
-    """Passes over each sampled batch. Preset: 2 (ASPO 3). More than one pass makes ratios leave 1 so clipping acts."""
+    """Passes over each sampled batch. More than one pass makes ratios leave 1 so clipping acts."""
     minibatches: int | None = None
-    """Mini-batches per epoch (one optimizer step each). Preset: 2 (GSPO 4, as in its paper)."""
+    """Mini-batches per epoch (one optimizer step each)."""
     lr: float = 5e-5
     """AdamW learning rate, constant (the papers use 1e-6 on 7B+ models). Measured on `linear` with the default warm
     start and batch: GRPO and DAPO gain about 20 points of held-out greedy accuracy within 10 CPU minutes (README).
@@ -430,7 +454,8 @@ def knob_fields() -> list[dataclasses.Field]:
 
 
 def field_docs() -> dict[str, str]:
-    """Field name -> the docstring written under it in TrainConfig (parsed from the source)."""
+    """Field name -> the docstring written under it in TrainConfig (parsed from the source), followed by the
+    presets of the algorithms that set it (engine.algorithms, `preset_text`)."""
     tree = ast.parse(textwrap.dedent(inspect.getsource(TrainConfig)))
     body = tree.body[0].body  # type: ignore[attr-defined]
     docs: dict[str, str] = {}
@@ -443,7 +468,35 @@ def field_docs() -> dict[str, str]:
             and isinstance(nxt.value.value, str)
         ):
             docs[node.target.id] = " ".join(nxt.value.value.split())
-    return docs
+    return {name: f"{text} {preset_text(name)}".rstrip() for name, text in docs.items()}
+
+
+def preset_text(name: str) -> str:
+    """The presets of field `name` as the registry holds them: the most common value, then the exceptions by
+    algorithm ("Preset: 0.2; dapo 0.28, ..."); '' for a field no algorithm presets."""
+    from engine.algorithms import COMMON_KNOBS, presets
+
+    if COMMON_KNOBS.get(name) is not None:
+        return f"Default: {_show(COMMON_KNOBS[name])}."
+    values = presets(name, LOOP_DEFAULTS if name in LOOP_DEFAULTS else None)
+    if not values:
+        return ""
+    counts: dict[str, int] = {}
+    for value in values.values():
+        counts[_show(value)] = counts.get(_show(value), 0) + 1
+    common = max(counts, key=counts.get)
+    if len(values) == 1:
+        (algo, value), = values.items()
+        return f"Preset: {algo} {_show(value)}."
+    rest = [f"{algo} {_show(value)}" for algo, value in values.items() if _show(value) != common]
+    if counts[common] <= 4:  # a value few algorithms share: name them
+        common += f" ({', '.join(algo for algo, value in values.items() if _show(value) == common)})"
+    return f"Preset: {common}" + (f"; {', '.join(rest)}." if rest else ".")
+
+
+def _show(value: Any) -> str:
+    return ("on" if value else "off") if isinstance(value, bool) else f"{value:g}" if isinstance(value, float) \
+        else str(value)
 
 
 def add_config_arguments(parser) -> None:

@@ -26,7 +26,9 @@ from typing import TYPE_CHECKING
 import numpy as np
 import torch
 
-from engine.objectives import CLIP_CAP, CLIP_EVENTS, CLIP_HIGH, CLIP_LOW, PolicyLossOutput
+from engine.algorithms import objective
+from engine.clip_codes import CLIP_EVENTS, RULE_EVENTS, clip_fractions, count_clip_events, fraction_column
+from engine.objectives import PolicyLossOutput
 from engine.rollout import Batch, EvalResult, Rollout, TokenText
 
 if TYPE_CHECKING:
@@ -214,6 +216,7 @@ def step_totals(batch: Batch, records: list[PassRecord], cfg) -> StepTotals:
     lm = batch.loss_mask.cpu()  # (B, T)
     every = batch.rollouts + batch.dropped
     rewards = np.array([r.reward for r in every], dtype=np.float64)
+    events = [count_clip_events(r.clip, lm[r.idx] > 0, CLIP_EVENTS + RULE_EVENTS) for r in records]
     sums = {
         "rollouts": float(len(every)),
         "reward": float(rewards.sum()),
@@ -225,7 +228,7 @@ def step_totals(batch: Batch, records: list[PassRecord], cfg) -> StepTotals:
         "completion_tokens": float(tm.sum()),
         "loss_tokens": float(sum(float(lm[r.idx].sum()) for r in records)),  # every pass's own loss tokens
         "groups_filtered": float(len(batch.dropped) // cfg.group_size),
-        **{f"clip_{c}": sum(float(((r.clip == c) & (lm[r.idx] > 0)).sum()) for r in records) for c in CLIP_EVENTS},
+        **{f"clip_{c}": sum(counts[c] for counts in events) for c in CLIP_EVENTS + RULE_EVENTS},
     }
     for p, rec in enumerate(records):
         sums[f"loss_{p}"] = rec.loss
@@ -245,7 +248,8 @@ def step_metrics(batch: Batch, records: list[PassRecord], ev: EvalResult | None,
     own, `step_totals`). `critic_stats` (engine.critic.CriticStats) adds the critic's columns."""
     t = totals if totals is not None else step_totals(batch, records, cfg)
     s, n = t.sums, t.sums["rollouts"]
-    n_loss_tokens = max(1.0, s["loss_tokens"])
+    # the clips for every algorithm; a covariance rule's selections (clip_cov_frac, in `extra`) for Clip-/KL-Cov
+    counted = CLIP_EVENTS + (RULE_EVENTS if objective(cfg.algo).covariance else ())
     mean_reward = s["reward"] / n
     # sample variance from the sums (ddof = 1); clamped at 0 against rounding when every reward is equal
     reward_var = max(0.0, s["reward_sq"] - n * mean_reward**2) / (n - 1) if n > 1 else 0.0
@@ -258,9 +262,8 @@ def step_metrics(batch: Batch, records: list[PassRecord], ev: EvalResult | None,
         "heldout_accuracy_sampled": ev.accuracy_sampled if ev else None,
         "entropy": s["entropy"] / s["completion_tokens"],
         "kl": float(np.mean(kls)) if kls else None,
-        "clip_low_frac": s[f"clip_{CLIP_LOW}"] / n_loss_tokens,
-        "clip_high_frac": s[f"clip_{CLIP_HIGH}"] / n_loss_tokens,
-        "clip_dual_frac": s[f"clip_{CLIP_CAP}"] / n_loss_tokens,
+        **{fraction_column(c): share
+           for c, share in clip_fractions({c: s[f"clip_{c}"] for c in counted}, s["loss_tokens"]).items()},
         "response_len_mean": s["length"] / n,
         "response_len_max": int(t.maxima["length"]),
         "truncated_frac": s["truncated"] / n,

@@ -24,3 +24,6 @@ if ! "$VENV/bin/python" -c 'import torch' 2>/dev/null; then
 fi
 # The test suite covers the TRL adapter, so the test environment has the `trl` extra too.
 $PIP install -e '.[dev,trl]'
+# verl's own policy losses are the reference the tests compare the engine's rules against (tests/test_rules.py,
+# through tests/verl_reference.py). Only its source is needed: --no-deps keeps Ray, vLLM and the rest out.
+$PIP install --no-deps 'verl==0.9.1'

@@ -136,6 +136,8 @@ def reference_loss(
         return sum((sum(ls, zero) for ls in token_loss), zero) / max(sum(lengths), 1)
     if agg == "seq-mean-token-sum-norm":
         return sum((sum(ls, zero) for ls in token_loss), zero) / (B * (p["max_len"] or T))
+    if agg == "seq-mean-token-sum":  # LUSPO: each sequence's token sum, mean over all sequences
+        return sum((sum(ls, zero) for ls in token_loss), zero) / B
     raise AssertionError(agg)
 
 

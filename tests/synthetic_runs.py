@@ -14,6 +14,7 @@ import re
 import numpy as np
 import pandas as pd
 
+from engine.clip_codes import clip_fractions, count_clip_events, fraction_column
 from engine.objectives import CLIP_CAP, CLIP_HIGH, CLIP_LOW, CLIP_NONE
 
 HOSTILE_TOKEN = "<img src=x onerror=alert(1)>"
@@ -111,9 +112,8 @@ def synthetic_step(step: int, groups: int, group_size: int, length: int, passes:
         "reward_std": float(train["reward"].std()), "accuracy": float(train["reward_correct"].mean()),
         "heldout_accuracy": float(rng.random()) if step % 2 == 0 else None, "heldout_accuracy_sampled": None,
         "entropy": float(tokens["entropy"].mean()), "kl": float(token_passes["kl"].mean()) if passes else 0.0,
-        "clip_low_frac": float((token_passes["clip"] == CLIP_LOW).mean()) if passes else 0.0,
-        "clip_high_frac": float((token_passes["clip"] == CLIP_HIGH).mean()) if passes else 0.0,
-        "clip_dual_frac": float((token_passes["clip"] == CLIP_CAP).mean()) if passes else 0.0,
+        **{fraction_column(c): share for c, share in clip_fractions(
+            count_clip_events(token_passes["clip"].to_numpy()), len(token_passes)).items()},
         "response_len_mean": float(train["length"].mean()), "response_len_max": float(train["length"].max()),
         "truncated_frac": float(train["truncated"].mean()),
         "groups_kept": int(groups - train["filtered"].sum() // max(1, group_size)),

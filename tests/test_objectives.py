@@ -14,6 +14,24 @@ from reference_impl import PUBLISHED, reference_grad_weight, reference_loss
 
 from engine.objectives import AGGREGATIONS, ALGORITHMS, defaults, policy_loss
 
+# The algorithms tests/reference_impl.py writes out; the rules added with issue 22 (GPG ... VESPO) are compared
+# against verl's and TRL's own code in tests/test_rules.py.
+REFERENCED = tuple(a for a in ALGORITHMS if a in PUBLISHED)
+# Published defaults of the rules compared in tests/test_rules.py, typed from verl 0.9.1's actor config
+# (clip_ratio 0.2, clip_ratio_c 3.0, clip_cov_* , kl_cov_ratio, ppo_kl_coef 0.1) and TRL 1.16's GRPOConfig (vespo_*).
+RULES_PUBLISHED = {
+    "gpg": {"beta": 0.0, "aggregation": "token-mean"},
+    "dppo_tv": {"eps_low": 0.2, "eps_high": 0.2, "beta": 0.0, "aggregation": "token-mean", "dual_clip": 3.0},
+    "dppo_kl": {"eps_low": 0.05, "eps_high": 0.05, "beta": 0.0, "aggregation": "token-mean", "dual_clip": 3.0},
+    "dro": {"beta": 0.0, "aggregation": "token-mean", "dro_beta": 1.0},
+    "clip_cov": {"eps_low": 0.2, "eps_high": 0.2, "beta": 0.0, "aggregation": "token-mean", "clip_cov_ratio": 2e-4,
+                 "clip_cov_lb": 1.0, "clip_cov_ub": 5.0},
+    "kl_cov": {"beta": 0.0, "aggregation": "token-mean", "kl_cov_ratio": 2e-4, "kl_cov_coef": 0.1},
+    "luspo": {"eps_low": 3e-4, "eps_high": 4e-4, "beta": 0.0, "aggregation": "seq-mean-token-sum"},
+    "vespo": {"beta": 0.0, "aggregation": "token-mean", "vespo_k_pos": 2.0, "vespo_lambda_pos": 3.0,
+              "vespo_k_neg": 3.0, "vespo_lambda_neg": 2.0},
+}
+
 torch.set_num_threads(1)
 F64 = torch.float64
 
@@ -39,13 +57,16 @@ def batch(ratios, adv, mask=None, garbage=0.0):
 
 
 def test_algorithms_and_aggregations_are_the_documented_names():
-    assert ALGORITHMS == ("grpo", "dapo", "gspo", "gspo_token", "aspo", "dr_grpo", "cispo", "sapo", "gmpo", "ppo")
-    assert set(AGGREGATIONS) == {"seq-mean-token-mean", "token-mean", "seq-mean-token-sum-norm", "seq-mean"}
+    assert ALGORITHMS == ("grpo", "dapo", "gspo", "gspo_token", "aspo", "dr_grpo", "cispo", "sapo", "gmpo", "ppo",
+                          "gpg", "dppo_tv", "dppo_kl", "dro", "clip_cov", "kl_cov", "luspo", "vespo")
+    assert set(AGGREGATIONS) == {"seq-mean-token-mean", "token-mean", "seq-mean-token-sum-norm", "seq-mean",
+                                 "seq-mean-token-sum"}
 
 
-@pytest.mark.parametrize("algo", list(PUBLISHED), ids=list(PUBLISHED))
+@pytest.mark.parametrize("algo", list(PUBLISHED) + list(RULES_PUBLISHED))
 def test_defaults_are_the_published_ones(algo):
-    assert defaults(algo) == {**PUBLISHED[algo], "max_len": None}
+    published = {**PUBLISHED, **RULES_PUBLISHED}[algo]
+    assert defaults(algo) == {**published, "max_len": None, "top_entropy_quantile": 1.0}
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -61,7 +82,48 @@ SAPO_F2 = 4 * sig(1.0) * (1 - sig(1.0))  # gate derivative factor at r = 2, tau 
 SAPO_F2N = 4 * sig(1.05) * (1 - sig(1.05))  # at r = 2, tau = 1.05
 SAPO_F4 = 4 * sig(3.0) * (1 - sig(3.0))  # at r = 4, tau = 1: below 0.5 -> soft cap
 
+# the rules of issue 22, token-mean over the completion's tokens unless said otherwise; old p = 0.5 everywhere
+VESPO_W = math.exp(0.3)  # log ratios 0.1 + 0.2 summed
+VESPO_PHI_POS = math.exp(3 + 2 * 0.3 - 3 * VESPO_W)  # k 2, lambda 3 for A >= 0
+VESPO_PHI_NEG = math.exp(2 + 3 * 0.3 - 2 * VESPO_W)  # k 3, lambda 2 for A < 0
+LUSPO_S = math.exp(0.0003)  # mean of log ratios 0.0002, 0.0004: inside (1 - 3e-4, 1 + 4e-4)
+# KL-Cov, three one-token completions, log r (0.1, -0.2, 0), A (1, -1, 0.5): covariances 0.111, 0.194, 0.011 (A's mean
+# 1/6, log pi's mean log 0.5 - 1/30): only the second gets 0.1 |log r|
+KLCOV_LOSS = (-math.exp(0.1) + math.exp(-0.2) + 0.1 * 0.2 - 0.5) / 3
+KLCOV_W = [[math.exp(0.1) / 3], [(-math.exp(-0.2) + 0.1) / 3], [0.5 / 3]]
+# binary KL of p = 0.6 from p_old = 0.5: 0.5 log(0.5/0.6) + 0.5 log(0.5/0.4) = 0.0204 < 0.05; p = 0.75: 0.1438 > 0.05
+
 CASES = {
+    # GPG: -A log pi; value -A per token (departure 1), weight A / |o|
+    "gpg": ("gpg", [2.0, 0.5], [1.0], None, {}, -1.0, [[0.5, 0.5]], [[0, 0]]),
+    # DPPO-TV, A > 0: p 0.75 is 0.25 above p_old > 0.2: masked (high); p 0.65 passes with weight r = 1.3
+    "dppo-tv-positive": ("dppo_tv", [1.5, 1.3], [1.0], None, {}, -1.3 / 2, [[0.0, 0.65]], [[2, 0]]),
+    # A < 0: p 0.25 is 0.25 below: masked (low); p 0.95 rose 0.45, but up is the safe direction for A < 0
+    "dppo-tv-negative": ("dppo_tv", [0.5, 1.9], [-1.0], None, {}, 1.9 / 2, [[0.0, -0.95]], [[1, 0]]),
+    # A = 0 takes the negative branch: p 0.25 is masked, yet no code (A = 0 is never reported) and no gradient
+    "dppo-tv-zero-advantage": ("dppo_tv", [0.5], [0.0], None, {}, 0.0, [[0.0]], [[0]]),
+    # DPPO-KL: binary KL 0.0204 passes (weight 1.2), 0.1438 with p above p_old and A > 0 is masked
+    "dppo-kl-positive": ("dppo_kl", [1.2, 1.5], [1.0], None, {}, -1.2 / 2, [[0.6, 0.0]], [[0, 2]]),
+    # DPPO-KL, A > 0 and p below p_old: always allowed, whatever the divergence (p 0.1: binary KL 0.51)
+    "dppo-kl-safe-direction": ("dppo_kl", [0.2], [1.0], None, {}, -0.2, [[0.2]], [[0]]),
+    # DRO, dro_beta 1, log r (0.2, -0.1): -(A - (log r)^2 / 2) per token; weight (A - log r) / 2
+    "dro": ("dro", [math.exp(0.2), math.exp(-0.1)], [1.0], None, {}, -(0.98 + 0.995) / 2, [[0.4, 0.55]], [[0, 0]]),
+    # VESPO, w = exp(0.1 + 0.2): weight phi(w) A on every token, value -phi A
+    "vespo-positive": ("vespo", [math.exp(0.1), math.exp(0.2)], [1.0], None, {}, -VESPO_PHI_POS,
+                       [[VESPO_PHI_POS / 2, VESPO_PHI_POS / 2]], [[0, 0]]),
+    "vespo-negative": ("vespo", [math.exp(0.1), math.exp(0.2)], [-1.0], None, {}, VESPO_PHI_NEG,
+                       [[-VESPO_PHI_NEG / 2, -VESPO_PHI_NEG / 2]], [[0, 0]]),
+    # LUSPO: the sequence's loss -s A summed over its 2 tokens (one sequence): -2 s; d loss / d logp_t = -s A / 2 * 2
+    "luspo-unclipped": ("luspo", [math.exp(0.0002), math.exp(0.0004)], [1.0], None, {}, -2 * LUSPO_S,
+                        [[LUSPO_S, LUSPO_S]], [[0, 0]]),
+    "luspo-clipped-high": ("luspo", [math.exp(0.001), math.exp(0.001)], [1.0], None, {}, -2 * 1.0004, [[0.0, 0.0]],
+                           [[2, 2]]),
+    "kl-cov": ("kl_cov", [[math.exp(0.1)], [math.exp(-0.2)], [1.0]], [1.0, -1.0, 0.5], None, {}, KLCOV_LOSS, KLCOV_W,
+               [[0], [4], [0]]),
+    # Clip-Cov, band (0.15, 5): log r (0.0953, 0, 0), A (3, -3, 0): covariances 0.191, 0.095, 0: only the first is
+    # eligible and it is zeroed (count max(1, 2e-4 * 3) = 1), staying in the token-mean's denominator
+    "clip-cov": ("clip_cov", [[1.1], [1.0], [1.0]], [3.0, -3.0, 0.0], None, {"clip_cov_lb": 0.15}, 3.0 / 3,
+                 [[0.0], [-1.0], [0.0]], [[4], [0], [0]]),
     # GRPO, seq-mean-token-mean over 2 tokens: loss = -(1.1 + 0.9) / 2; w = r * A / 2
     "grpo-unclipped": ("grpo", [1.1, 0.9], [1.0], None, {}, -1.0, [[0.55, 0.45]], [[0, 0]]),
     # r = 1.5 > 1.2 with A > 0: token 0 is worth clip(r) A = 1.2 and gets no gradient
@@ -382,15 +444,29 @@ EXPECTED_CODES = {
     "sapo": {0, 3},
     "gmpo": {0, 1, 2},
     "ppo": {0, 1, 2},
+    "gpg": {0},
+    "dppo_tv": {0, 1, 2, 3},
+    "dppo_kl": {0, 1, 2, 3},
+    "dro": {0},
+    "clip_cov": {0, 1, 2, 4},
+    "kl_cov": {0, 4},
+    "luspo": {0, 1, 2},
+    "vespo": {0, 3},
 }
 
 
 @pytest.mark.parametrize("aggregation", AGGREGATIONS)
 @pytest.mark.parametrize("algo", ALGORITHMS)
 def test_closed_form_grad_weight_matches_autograd(algo, aggregation):
-    logp, old, adv, mask, ref, ent = random_batch(seed=10 * ALGORITHMS.index(algo) + AGGREGATIONS.index(aggregation))
+    seed = 10 * ALGORITHMS.index(algo) + AGGREGATIONS.index(aggregation)
     seen = set()
-    for kw in ({}, {"ref_logp": ref, "beta": 0.1}, {"entropy": ent, "ref_logp": ref}):
+    # a second, larger batch so that the rarer regions (DPPO's three, LUSPO's narrow band) are visited too
+    batches = [(random_batch(seed=seed), kw) for kw in ({}, {"beta": 0.1, "ref": True}, {"ent": True, "ref": True})]
+    batches.append((random_batch(seed=seed + 1000, B=64), {"ent": True, "ref": True}))
+    for (logp, old, adv, mask, ref, ent), spec in batches:
+        kw = {"beta": spec["beta"]} if "beta" in spec else {}
+        kw |= {"ref_logp": ref} if spec.get("ref") else {}
+        kw |= {"entropy": ent} if spec.get("ent") else {}
         x = logp.clone().requires_grad_(True)
         out = policy_loss(algo, x, old, adv, mask, aggregation=aggregation, **kw)
         (g,) = torch.autograd.grad(out.loss, x)
@@ -475,8 +551,9 @@ def test_gspo_token_equals_gspo_with_sequence_advantages():
 def test_seq_mean_equals_seq_mean_token_mean():
     logp, old, adv, mask, ref, _ = random_batch(seed=5)
     for algo in ALGORITHMS:
-        a = policy_loss(algo, logp, old, adv, mask, ref_logp=ref, aggregation="seq-mean")
-        b = policy_loss(algo, logp, old, adv, mask, ref_logp=ref, aggregation="seq-mean-token-mean")
+        draw = torch.Generator().manual_seed(0), torch.Generator().manual_seed(0)  # Clip-Cov: the same choice
+        a = policy_loss(algo, logp, old, adv, mask, ref_logp=ref, aggregation="seq-mean", generator=draw[0])
+        b = policy_loss(algo, logp, old, adv, mask, ref_logp=ref, aggregation="seq-mean-token-mean", generator=draw[1])
         torch.testing.assert_close(a.loss, b.loss)
 
 
@@ -484,14 +561,16 @@ def test_seq_mean_equals_seq_mean_token_mean():
 def test_masked_tokens_never_get_gradient(algo):
     logp, old, adv, mask, ref, ent = random_batch(seed=2)
     wild = torch.where(mask > 0, logp, torch.full_like(logp, 30.0)).requires_grad_(True)
-    out = policy_loss(algo, wild, old, adv, mask, ref_logp=ref, entropy=ent, beta=0.1)
+    same_draw = {"generator": torch.Generator().manual_seed(0)}  # Clip-Cov's random choice, the same in both calls
+    out = policy_loss(algo, wild, old, adv, mask, ref_logp=ref, entropy=ent, beta=0.1, **same_draw)
     (g,) = torch.autograd.grad(out.loss, wild)
     assert bool((g[mask == 0] == 0).all())
     assert bool((out.grad_weight[mask == 0] == 0).all())
     assert bool((out.token_loss[mask == 0] == 0).all())
     assert bool((out.clip[mask == 0] == 0).all())
     # and the padding's content does not matter at all
-    tame = policy_loss(algo, logp, old, adv, mask, ref_logp=ref, entropy=ent, beta=0.1)
+    same_draw = {"generator": torch.Generator().manual_seed(0)}
+    tame = policy_loss(algo, logp, old, adv, mask, ref_logp=ref, entropy=ent, beta=0.1, **same_draw)
     torch.testing.assert_close(out.loss.detach(), tame.loss)
 
 
@@ -499,8 +578,18 @@ def test_masked_tokens_never_get_gradient(algo):
 def test_zero_advantage_gives_zero_policy_gradient_and_no_clip(algo):
     logp, old, adv, mask, _, _ = random_batch(seed=4)
     out = policy_loss(algo, logp, old, torch.zeros_like(adv), mask)
-    assert bool((out.grad_weight == 0).all())
-    assert bool((out.clip == 0).all())
+    selected = torch.zeros_like(mask, dtype=torch.bool)
+    selected[0, 0] = algo == "kl_cov"  # KL-Cov's penalty goes to a token whatever A (code 4 "cov"), nothing else
+    assert torch.equal(out.clip == 4, selected) and bool((out.clip[~selected] == 0).all())
+    a = mask / mask.sum()  # token-mean
+    if algo == "dro":  # its penalty -dro_beta/2 (log r)^2 pulls towards pi_old whatever A: weight -dro_beta log r
+        torch.testing.assert_close(out.grad_weight, -a * (logp - old) * mask)
+    elif algo == "kl_cov":  # every covariance is 0: the first valid token gets the |log r| penalty, weight -0.1 sign
+        expected = torch.zeros_like(logp)
+        expected[0, 0] = -0.1 * a[0, 0] * torch.sign(logp - old)[0, 0]
+        torch.testing.assert_close(out.grad_weight, expected)
+    else:
+        assert bool((out.grad_weight == 0).all())
 
 
 def test_bool_mask_and_float32_inputs_work():
@@ -515,7 +604,7 @@ def test_bool_mask_and_float32_inputs_work():
 # An independent implementation agrees on values and gradients
 
 
-@pytest.mark.parametrize("algo", ALGORITHMS)
+@pytest.mark.parametrize("algo", REFERENCED)
 def test_matches_independent_reference_implementation(algo):
     for seed in (21, 22):
         logp, old, adv, mask, ref, ent = random_batch(seed=seed, B=16, T=7)
@@ -534,7 +623,7 @@ def test_matches_independent_reference_implementation(algo):
 @pytest.mark.parametrize("aggregation", AGGREGATIONS)
 def test_reference_agrees_under_every_aggregation(aggregation):
     logp, old, adv, mask, ref, ent = random_batch(seed=31, B=8, T=5)
-    for algo in ALGORITHMS:
+    for algo in REFERENCED:
         kw = {"ref_logp": ref, "aggregation": aggregation, "max_len": 9, "entropy": ent if algo == "aspo" else None}
         out = policy_loss(algo, logp, old, adv, mask, **kw)
         ref_loss, ref_w = reference_grad_weight(algo, logp, old, adv, mask, **kw)
@@ -651,8 +740,12 @@ def test_seq_ratio_is_reported_exactly_for_sequence_level_objectives(algo):
     m = torch.tensor([[1.0, 1.0, 0.0], [1.0, 1.0, 1.0]], dtype=F64)
     old = torch.zeros(2, 3, dtype=F64)
     out = policy_loss(algo, old + d, old, torch.tensor([1.0, -1.0], dtype=F64), m)
-    assert (out.seq_ratio is not None) == OBJECTIVES[algo].sequence_level == (algo in ("gspo", "gspo_token", "gmpo"))
+    sequence_level = ("gspo", "gspo_token", "gmpo", "luspo", "vespo")
+    assert (out.seq_ratio is not None) == OBJECTIVES[algo].sequence_level == (algo in sequence_level)
     if out.seq_ratio is None:
+        return
+    if algo == "vespo":  # the product of the token ratios, exp(0.1) and exp(0.35)
+        torch.testing.assert_close(out.seq_ratio, torch.tensor([math.exp(0.1), math.exp(0.35)], dtype=F64))
         return
     # the ratio the objective used, the same on every token of the sequence
     torch.testing.assert_close(out.ratio[m > 0], out.seq_ratio[:, None].expand(2, 3)[m > 0])

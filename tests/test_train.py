@@ -12,7 +12,7 @@ import pytest
 import torch
 from conftest import TINY
 
-from engine.objectives import ALGORITHMS, CLIP_HIGH, CLIP_LOW, CLIP_NONE, OBJECTIVES, defaults
+from engine.objectives import ALGORITHMS, CLIP_COV, CLIP_HIGH, CLIP_LOW, CLIP_NONE, OBJECTIVES, defaults
 from engine.runlog import RunReader, list_runs
 
 pytestmark = pytest.mark.slow
@@ -86,23 +86,30 @@ def test_each_algorithm_trains_and_logs_consistent_values(algo_runs, warm_cache,
     # pass 0 sees the sampling policy itself: ratio 1, nothing clipped
     first = tp[tp["pass"] == 0]
     np.testing.assert_allclose(first.ratio, 1.0, atol=1e-4)
-    assert (first["clip"] == CLIP_NONE).all() or algo in ("cispo", "sapo")  # soft caps may mark a cap at r == 1
+    # soft caps may mark a cap at r == 1; covariance rules select tokens at any ratio (code 4, nothing else)
+    assert (first["clip"] == CLIP_NONE).all() or algo in ("cispo", "sapo", "clip_cov", "kl_cov")
+    if algo in ("clip_cov", "kl_cov"):
+        assert set(first["clip"]) <= {CLIP_NONE, CLIP_COV} and (tp["clip"] == CLIP_COV).any()
+        # the steps row's share of selected tokens (in `extra`) is the token rows' own
+        shares = tp.groupby("step")["clip"].apply(lambda c: float((c == CLIP_COV).mean()))
+        logged = [json.loads(e)["clip_cov_frac"] for e in steps.extra]
+        np.testing.assert_allclose(logged, shares.loc[[1, 2]].to_numpy(), rtol=1e-9)
     assert (tp.ratio - 1).abs().max() > 1e-3, "ratios never left 1: the update passes are not off-policy"
 
     # ---- clip codes agree with ratios, advantages and eps
     p = defaults(algo) | {k: cfg[k] for k in ("eps_low", "eps_high") if cfg.get(k) is not None}
     adv = tp.adv.to_numpy()
-    if algo in ("grpo", "dapo", "dr_grpo", "gspo", "gspo_token"):
+    if algo in ("grpo", "dapo", "dr_grpo", "gspo", "gspo_token", "luspo", "clip_cov"):
         lo, hi = 1 - p["eps_low"], 1 + p["eps_high"]
         np.testing.assert_array_equal(tp["clip"] == CLIP_LOW, (adv < 0) & (tp.ratio < lo))
         np.testing.assert_array_equal(tp["clip"] == CLIP_HIGH, (adv > 0) & (tp.ratio > hi))
-    if algo in ("grpo", "dapo", "dr_grpo", "ppo"):
+    if algo in ("grpo", "dapo", "dr_grpo", "ppo", "gpg", "dppo_tv", "dppo_kl", "dro", "clip_cov", "kl_cov"):
         np.testing.assert_allclose(tp.ratio, np.exp(tp.new_logp - tp.old_logp), rtol=1e-5)
     if algo == "aspo":  # eps 0.2, or 0.4 on high-entropy tokens
         low, high = tp["clip"] == CLIP_LOW, tp["clip"] == CLIP_HIGH
         assert ((adv[low] < 0) & (tp.ratio[low] < 0.8)).all()
         assert ((adv[high] > 0) & (tp.ratio[high] > 1.2)).all()
-    if algo in ("gspo", "gspo_token", "gmpo"):  # one sequence ratio per rollout and pass, logged on rollouts too
+    if algo in ("gspo", "gspo_token", "gmpo", "luspo", "vespo"):  # one sequence ratio per rollout and pass, logged
         spread = tp.groupby(["step", "pass", "rollout_id"]).ratio.agg(lambda x: x.max() - x.min())
         assert spread.max() < 1e-5
         seq = read(logs_dir, run, "SELECT seq_ratio FROM rollouts WHERE run = RUN AND kind = 'train'")

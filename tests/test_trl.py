@@ -168,17 +168,17 @@ def test_clip_codes_match_trls_logged_clip_fractions_pass_by_pass(grpo_run):
 def _pass_tensors(logs_dir, step, pass_):
     """(B, T) tensors of one pass from the run log, rows in rollout order, padded with mask 0."""
     df = frame(logs_dir, """SELECT p.rollout_id, p.position, p.new_logp, p.grad_weight, p.clip, t.old_logp,
-                                   t.ref_logp, t.advantage FROM token_passes p JOIN tokens t
+                                   t.ref_logp, t.advantage, t.entropy FROM token_passes p JOIN tokens t
                                    USING (step, rollout_id, position) WHERE p.step = ? AND p.pass = ?""",
                [step, pass_])
     ids = sorted(df["rollout_id"].unique())
     row = {r: i for i, r in enumerate(ids)}
     B, T = len(ids), int(df["position"].max()) + 1
-    out = {k: torch.zeros(B, T, dtype=torch.float64) for k in ("new_logp", "grad_weight", "old_logp", "ref_logp",
-                                                                 "advantage", "mask", "clip")}
+    names = ("new_logp", "grad_weight", "old_logp", "ref_logp", "advantage", "clip", "entropy")
+    out = {k: torch.zeros(B, T, dtype=torch.float64) for k in (*names, "mask")}
     for r in df.itertuples(index=False):
         i, t = row[r.rollout_id], r.position
-        for k in ("new_logp", "grad_weight", "old_logp", "ref_logp", "advantage", "clip"):
+        for k in names:
             out[k][i, t] = getattr(r, k)
         out["mask"][i, t] = 1.0
     return out
@@ -195,6 +195,12 @@ MATCHING = {
     "sapo": (("sapo", "token", {}), ("sapo", {})),
     "gspo": (("grpo", "sequence", {"epsilon": 3e-4, "epsilon_high": 4e-4}),
              ("gspo", {"eps_low": 3e-4, "eps_high": 4e-4})),
+    "luspo": (("luspo", "sequence", {"epsilon": 3e-4, "epsilon_high": 4e-4}),
+              ("luspo", {"eps_low": 3e-4, "eps_high": 4e-4})),
+    "vespo": (("vespo", "token", {}), ("vespo", {})),
+    # the policy term of only the top half of the tokens by entropy (TRL's threshold over this single process)
+    "top_entropy": (("grpo", "token", {"top_entropy_quantile": 0.5}),
+                    ("grpo", {"eps_low": 0.2, "eps_high": 0.2, "top_entropy_quantile": 0.5})),
 }
 
 
@@ -202,26 +208,32 @@ MATCHING = {
 def test_grad_weight_is_trls_gradient_and_equals_policy_loss(tmp_path, warm_model_dir, name):
     """One mini-batch per pass (steps_per_generation=1) so TRL's normalisers are the engine's aggregations.
 
-    Not compared, because no engine objective has their formula: luspo (a per-sequence token SUM, length-weighted)
-    and vespo (gamma weights of the summed sequence log-ratio); nor TRL options the engine lacks (delta two-sided
-    clipping, top_entropy_quantile, the off-policy mask, vLLM importance-sampling correction). dapo / cispo with
-    several mini-batches per generation normalise by the whole generation's token count, the engine by the
-    mini-batch's: the same weights up to that constant factor.
+    Not compared, because the engine lacks them: TRL's delta two-sided clipping, the off-policy mask and the vLLM
+    importance-sampling correction. dapo / cispo / vespo with several mini-batches per generation normalise by the
+    whole generation's token count, the engine by the mini-batch's: the same weights up to that constant factor.
+    top_entropy_quantile is compared on pass 0 only: its mask reads the entropy of the pass's own forward, and the
+    run log keeps the entropy of the first forward over a token (later passes' entropies are not logged).
     """
     (loss_type, level, extra), (algo, overrides) = MATCHING[name]
     logs_dir, *_ = train_trl(tmp_path, warm_model_dir, run_name=f"trl-{name}", max_steps=2,
                                   steps_per_generation=1, loss_type=loss_type, importance_sampling_level=level, **extra)
     assert frame(logs_dir, "SELECT algorithm FROM runs")["algorithm"][0] == algorithm_name(loss_type, level) == algo
-    for pass_ in (0, 1):
+    for pass_ in (0,) if "top_entropy_quantile" in overrides else (0, 1):
         t = _pass_tensors(logs_dir, 1, pass_)
         logp = t["new_logp"].clone().requires_grad_(True)
         out = policy_loss(algo, logp, t["old_logp"], t["advantage"], t["mask"], ref_logp=t["ref_logp"], beta=0.04,
-                          **overrides)
+                          entropy=t["entropy"].float(), **overrides)
         on = t["mask"] > 0
         np.testing.assert_allclose(t["grad_weight"][on], out.grad_weight[on], rtol=2e-3, atol=1e-7)
         if name != "sapo":  # TRL logs no SAPO clip rule; the adapter's is the engine's, identical by construction
             assert torch.equal(t["clip"][on].to(torch.int8), out.clip[on])
-    assert (t["grad_weight"][on].abs() > 0).all()
+    if "top_entropy_quantile" in overrides:  # pass 0 (pi = pi_ref, no KL gradient): exactly the kept half moves
+        from engine.objectives import top_entropy_mask
+
+        keep = top_entropy_mask(t["entropy"].float(), t["mask"], overrides["top_entropy_quantile"])
+        assert torch.equal(t["grad_weight"].abs() > 0, keep) and 0 < int(keep.sum()) < int(on.sum())
+    else:
+        assert (t["grad_weight"][on].abs() > 0).all()
 
 
 def test_log_groups_keeps_tokens_of_the_first_groups_only(tmp_path, warm_model_dir):
@@ -433,3 +445,34 @@ def test_engine_trains_a_model_dir_with_a_byte_level_bpe_tokenizer(tmp_path, run
         assert mine["position"].tolist() == list(range(r.length))
         assert tokenizer.decode(mine["token_id"].tolist(), skip_special_tokens=True) == r.completion
     assert "\ufffd" not in "".join(tokens["token_text"]) and "Ġ" not in "".join(tokens["token_text"])
+
+
+@pytest.mark.parametrize("loss_type", ["grpo", "dapo", "luspo", "cispo", "sapo"])
+def test_the_adapters_surrogates_are_trls_formulas(loss_type):
+    """The adapter computes TRL's token losses and clip rules with the engine's surrogates (trl_surrogate); on random
+    ratios they are TRL 1.16's lines of `_compute_loss` (restated here), CISPO's absolute bound included."""
+    from engine.integrations.trl import clip_codes, token_losses
+
+    g = torch.Generator().manual_seed(5)
+    coef_1 = torch.exp(torch.randn(6, 9, generator=g, dtype=torch.float64) * 0.6)
+    adv = torch.randn(6, 1, generator=g, dtype=torch.float64)
+    adv[0] = 0.0
+    eps_low, eps_high = (0.2, 1.5) if loss_type == "cispo" else (0.2, 0.28)
+    if loss_type == "cispo":  # per_token_loss = -clamp(coef_1, max=epsilon_high) * A (* log pi: departure 1)
+        expected = -torch.clamp(coef_1, max=eps_high) * adv
+        low, high, dual = torch.zeros_like(coef_1, dtype=torch.bool), torch.zeros_like(coef_1, dtype=torch.bool), (
+            coef_1 > eps_high) & (adv > 0)  # is_cispo_clipped
+    elif loss_type == "sapo":
+        tau = torch.where(adv > 0, 1.0, 1.05).to(torch.float64)
+        expected = -torch.sigmoid(tau * (coef_1 - 1)) * 4 / tau * adv
+        gate = torch.sigmoid(tau * (coef_1 - 1))
+        low = high = torch.zeros_like(coef_1, dtype=torch.bool)
+        dual = (4 * gate * (1 - gate) < 0.5) & (adv != 0)  # the engine's soft-cap rule (TRL logs none)
+    else:
+        expected = -torch.min(coef_1 * adv, torch.clamp(coef_1, 1 - eps_low, 1 + eps_high) * adv)
+        low, high = (coef_1 < 1 - eps_low) & (adv < 0), (coef_1 > 1 + eps_high) & (adv > 0)
+        dual = torch.zeros_like(low)
+    torch.testing.assert_close(token_losses(loss_type, coef_1, adv, eps_low, eps_high), expected.expand(6, 9))
+    codes = clip_codes(loss_type, coef_1, adv, eps_low, eps_high)
+    assert torch.equal(codes == 1, low) and torch.equal(codes == 2, high) and torch.equal(codes == 3, dual)
+    assert bool((codes > 0).any()) or loss_type == "sapo"

@@ -13,7 +13,8 @@ import pandas as pd
 import streamlit as st
 
 from dashboard import charts, common, queries, recompute
-from engine.objectives import ALGORITHMS, uses_critic
+from engine.algorithms import ALGORITHMS, uses_critic
+from engine.algorithms import defaults as algorithm_defaults
 
 MAX_SCATTER_POINTS = 4000
 MAX_HEATMAP_ROWS = 48
@@ -153,8 +154,9 @@ st.subheader("Where each algorithm clips: ratio × advantage")
 ratios = {a: w.ratio[np.isfinite(w.ratio)] for a, w in results.items()}
 on = np.isfinite(next(iter(results.values())).ratio)
 adv_points = advantage[on]
-# Up to 3.5 at least, so ASPO's dual cap at r = 3 is on the chart.
-ratio_max = float(max(3.5, 1.1 * max((r.max() for r in ratios.values() if r.size), default=2.0)))
+# Past ASPO's dual cap at least, so that it is on the chart.
+ratio_max = float(max(algorithm_defaults("aspo")["dual_clip"] + 0.5,
+                      1.1 * max((r.max() for r in ratios.values() if r.size), default=2.0)))
 adv_max = float(max(1.0, 1.1 * np.abs(adv_points).max())) if adv_points.size else 1.0
 scatter = {}
 for algo, w in results.items():

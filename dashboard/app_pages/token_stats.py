@@ -8,6 +8,9 @@ from urllib.parse import urlencode
 import streamlit as st
 
 from dashboard import charts, common, queries
+from engine.algorithms import defaults as algorithm_defaults
+
+ASPO = algorithm_defaults("aspo")  # the numbers of the entropy split's caption
 
 BUCKETS = {"no position split": 0, "4 positions": 4, "8 positions": 8, "16 positions": 16, "32 positions": 32}
 ENTROPY_BINS = 10
@@ -88,8 +91,9 @@ if compared:
     st.caption(
         f"Each train token is placed by its entropy (at sampling) among the quantiles of its own response's token "
         f"entropies, in {ENTROPY_BINS} bins. Left: how often tokens of each bin were clipped; right: the bin's share "
-        "of the run's total |gradient weight| over the chosen steps. Dashed: ASPO's split at the response's 80th "
-        "entropy percentile (clip range 0.4 above it, 0.2 below), the same top 20% of high-entropy 'forking' "
+        "of the run's total |gradient weight| over the chosen steps. Dashed: ASPO's split at the response's "
+        f"{ASPO['entropy_quantile']:.0%} entropy quantile (clip range {ASPO['eps_high_entropy']:g} above it, "
+        f"{ASPO['eps_low']:g} below), the same top {1 - ASPO['entropy_quantile']:.0%} of high-entropy 'forking' "
         "tokens that arXiv 2506.01939 finds carry the learning.")
     st.plotly_chart(charts.entropy_bin_bars(bins, ENTROPY_BINS, queries.ASPO_ENTROPY_QUANTILE), key="stats_entropy")
     st.dataframe(bins, hide_index=True, key="stats_entropy_table")

@@ -16,8 +16,10 @@ them). What lands in the run log, in the engine's schema (engine/runlog.py):
   policy), ref_logp (when beta != 0), entropy (from the first training forward over the token), advantage;
 - `token_passes`: one row per token per `_compute_loss` call (a mini-batch of one pass, `pass` counts them within
   the step): new_logp, ratio (the ratio TRL's loss used: the sequence ratio on every token at
-  `importance_sampling_level="sequence"`), clip code by TRL's own rule (`clip_codes`), grad_weight, token_loss
-  (`token_losses`, the loss types whose formula is written out there) and k3 KL;
+  `importance_sampling_level="sequence"`; vespo: its sequence weight w), clip code by TRL's own rule and
+  token_loss by TRL's formula, both computed with the engine's surrogates (`trl_surrogate`: every loss type of TRL
+  1.16, top_entropy_quantile's mask included; TRL's documented differences are named options, TRL_CISPO_* and
+  TRL_BIAS_CORRECTED_KL), grad_weight and k3 KL;
 - `steps` (rank 0): TRL's logged metrics of the optimizer steps of this generation, averaged, mapped onto the
   contract columns (`METRIC_COLUMNS`); every other metric in `extra` (with `logging_steps=1`, as in the examples,
   the row covers exactly its generation's optimizer steps; with more, whatever TRL logged during it);
@@ -69,18 +71,21 @@ except ImportError as err:  # pragma: no cover - depends on the installed extras
         "engine.integrations.trl needs TRL: install the extra with  pip install 'policylens[trl]'"
     ) from err
 
+from engine.clip_codes import CLIP_CAP, CLIP_HIGH, CLIP_LOW, CLIP_NONE, fraction_column
 from engine.importers import as_text, components_json, run_name_from_folder
-from engine.objectives import CLIP_CAP, CLIP_HIGH, CLIP_LOW, CLIP_NONE, SAPO_SOFT_CAP_LEVEL, k3_kl
+from engine.objectives import SurrogateOutput, defaults, k3_kl, surrogate, top_entropy_mask, vespo_log_weight
 from engine.rollout import TokenText
 from engine.runlog import RunLogError, RunWriter, validate_run_name
 
 __all__ = [
     "METRIC_COLUMNS",
     "ROW_KEY",
+    "TRL_SURROGATES",
     "PolicyLensGRPOTrainer",
     "algorithm_name",
     "clip_codes",
     "token_losses",
+    "trl_surrogate",
 ]
 
 ROW_KEY = "policylens_row"
@@ -91,9 +96,9 @@ METRIC_COLUMNS = {
     "reward_std": "reward_std",
     "entropy": "entropy",
     "kl": "kl",
-    "clip_ratio/low_mean": "clip_low_frac",
-    "clip_ratio/high_mean": "clip_high_frac",
-    "cispo_clip_ratio": "clip_dual_frac",
+    "clip_ratio/low_mean": fraction_column(CLIP_LOW),
+    "clip_ratio/high_mean": fraction_column(CLIP_HIGH),
+    "cispo_clip_ratio": fraction_column(CLIP_CAP),
     "completions/mean_length": "response_len_mean",
     "completions/max_length": "response_len_max",
     "completions/clipped_ratio": "truncated_frac",
@@ -103,22 +108,67 @@ METRIC_COLUMNS = {
 }
 """TRL metric name -> `steps` column. Every other numeric metric goes into `extra` under its TRL name."""
 
-_PPO_CLIP_LOSSES = ("grpo", "bnpo", "dr_grpo", "dapo", "luspo")
+TRL_SURROGATES = {"grpo": "ppo-clip", "bnpo": "ppo-clip", "dr_grpo": "ppo-clip", "dapo": "ppo-clip",
+                  "luspo": "ppo-clip", "cispo": "cispo", "sapo": "sapo", "vespo": "vespo"}
+"""TRL loss_type -> the engine surrogate (engine.objectives.surrogate) that computes it; TRL's documented
+differences are the named options below, not a second copy of the math."""
+
+TRL_CISPO_BOUND_IS_ABSOLUTE = True
+"""TRL's CISPO caps the IS weight at `epsilon_high` itself (clamp(r, max=epsilon_high)) and has no lower bound; the
+engine's cispo caps at 1 + eps_high above 1 - eps_low: TRL's is the engine's with eps_low = 1, eps_high =
+epsilon_high - 1."""
+
+TRL_CISPO_COUNTS_POSITIVE_ONLY = True
+"""TRL's cispo_clip_ratio counts the capped tokens with A > 0 only; the engine also marks A < 0 tokens above the cap
+(their weight is capped too). The adapter's clip codes follow TRL so that they add up to its logged metric."""
+
+TRL_BIAS_CORRECTED_KL = "use_bias_correction_kl"
+"""GRPOConfig option (default True): TRL multiplies the k3 KL term by the ratio (DeepSeek-V3.2); the engine does not.
+The adapter's token_loss follows the run's setting; `kl` is the plain k3 value either way."""
 
 
 # ---------------------------------------------------------------- pure functions
 
 
 def algorithm_name(loss_type: str, importance_sampling_level: str = "token") -> str:
-    """The PolicyLens name of a TRL loss: grpo, dapo, dr_grpo, gspo, cispo, sapo, or TRL's own name otherwise.
+    """The PolicyLens name of a TRL loss: grpo, dapo, dr_grpo, gspo, cispo, sapo, luspo, vespo, or TRL's own name.
 
     TRL's `grpo` loss at the sequence level is GSPO (arXiv 2507.18071); `bnpo` averages over the tokens of the
-    local batch like DAPO's token-mean, so it is named dapo; luspo and vespo keep their names (no PolicyLens
-    equivalent). Other losses at the sequence level get a `-sequence` suffix.
+    local batch like DAPO's token-mean, so it is named dapo; luspo and vespo are registry algorithms of the same
+    name. Other losses at the sequence level get a `-sequence` suffix.
     """
     if importance_sampling_level == "sequence":
         return "gspo" if loss_type == "grpo" else loss_type if loss_type == "luspo" else f"{loss_type}-sequence"
     return {"bnpo": "dapo"}.get(loss_type, loss_type)
+
+
+def trl_surrogate(loss_type: str, coef_1: torch.Tensor, advantages: torch.Tensor, eps_low: float, eps_high: float,
+                  sapo_temperatures: tuple[float, float] | None = None,
+                  vespo_gamma: tuple[float, float, float, float] | None = None) -> SurrogateOutput | None:
+    """TRL's per-token loss for `loss_type` computed by the engine's surrogate, or None for a loss the engine lacks.
+
+    coef_1: (B, T) token ratios or (B, 1) sequence ratios (for vespo: its sequence weight w); advantages (B, 1) or
+    (B, T). eps_low / eps_high: TRL's epsilon_low / epsilon_high. sapo_temperatures (tau_pos, tau_neg) and
+    vespo_gamma (k_pos, lambda_pos, k_neg, lambda_neg): the run's; None takes the registry's published values (TRL's
+    defaults are the same). Values in the engine's convention (engine.objectives departure 1); detached.
+    """
+    kind = TRL_SURROGATES.get(loss_type)
+    if kind is None:
+        return None
+    r, adv = coef_1.detach(), advantages.detach()
+    if kind == "cispo" and TRL_CISPO_BOUND_IS_ABSOLUTE:
+        eps_low, eps_high = 1.0, eps_high - 1.0
+    params = {**defaults("sapo"), **defaults("vespo")}  # the knobs of both soft rules, as published
+    if sapo_temperatures is not None:
+        params |= dict(zip(("tau_pos", "tau_neg"), sapo_temperatures, strict=True))
+    if vespo_gamma is not None:
+        params |= dict(zip(("vespo_k_pos", "vespo_lambda_pos", "vespo_k_neg", "vespo_lambda_neg"), vespo_gamma,
+                           strict=True))
+    out = surrogate(kind, torch.log(r), adv, eps_low, eps_high, **params)
+    clip = out.clip
+    if kind == "cispo" and TRL_CISPO_COUNTS_POSITIVE_ONLY:
+        clip = torch.where(adv > 0, clip, torch.zeros_like(clip))
+    return SurrogateOutput(loss=out.loss.detach(), weight=out.weight, clip=clip)
 
 
 def clip_codes(
@@ -127,29 +177,19 @@ def clip_codes(
     advantages: torch.Tensor,
     eps_low: float,
     eps_high: float,
-    sapo_temperatures: tuple[float, float] = (1.0, 1.05),
+    sapo_temperatures: tuple[float, float] | None = None,
 ) -> torch.Tensor:
-    """Clip code (engine.objectives) per token by TRL's own rule for `loss_type`; (B, T) or (B, 1) int8.
+    """Clip code (engine.clip_codes) per token by TRL's own rule for `loss_type`; (B, T) or (B, 1) int8.
 
-    coef_1: (B, T) token ratios or (B, 1) sequence ratios (importance_sampling_level="sequence"), advantages
-    (B, 1) or (B, T). The PPO-clip losses flag exactly what TRL counts in clip_ratio/low_mean and high_mean:
-    1 when r < 1 - eps_low and A < 0, 2 when r > 1 + eps_high and A > 0. CISPO: 3 (capped, gradient kept) when
-    r > epsilon_high and A > 0, TRL's cispo_clip_ratio. SAPO (no hard clip, nothing logged by TRL): 3 where the
-    gate has cut the gradient below SAPO_SOFT_CAP_LEVEL of r * A, the engine's rule. Other losses: 0.
+    The PPO-clip losses flag exactly what TRL counts in clip_ratio/low_mean and high_mean (1 when r < 1 - eps_low
+    and A < 0, 2 when r > 1 + eps_high and A > 0); CISPO 3 as TRL's cispo_clip_ratio; SAPO (nothing logged by TRL)
+    and VESPO the engine's soft-cap rule. All computed by `trl_surrogate`; 0 for a loss the engine lacks.
     """
-    r, adv = coef_1.detach(), advantages.detach()
-    codes = torch.full(torch.broadcast_shapes(r.shape, adv.shape), CLIP_NONE, dtype=torch.int8, device=r.device)
-    if loss_type in _PPO_CLIP_LOSSES:
-        codes[((r < 1 - eps_low) & (adv < 0)).expand_as(codes)] = CLIP_LOW
-        codes[((r > 1 + eps_high) & (adv > 0)).expand_as(codes)] = CLIP_HIGH
-    elif loss_type == "cispo":
-        codes[((r > eps_high) & (adv > 0)).expand_as(codes)] = CLIP_CAP
-    elif loss_type == "sapo":
-        tau_pos, tau_neg = sapo_temperatures
-        tau = torch.where(adv > 0, torch.full_like(adv, tau_pos), torch.full_like(adv, tau_neg))
-        gate = torch.sigmoid(tau * (r - 1))
-        codes[((4 * gate * (1 - gate) < SAPO_SOFT_CAP_LEVEL) & (adv != 0)).expand_as(codes)] = CLIP_CAP
-    return codes
+    out = trl_surrogate(loss_type, coef_1, advantages, eps_low, eps_high, sapo_temperatures)
+    if out is None:
+        shape = torch.broadcast_shapes(coef_1.shape, advantages.shape)
+        return torch.full(shape, CLIP_NONE, dtype=torch.int8, device=coef_1.device)
+    return out.clip.to(torch.int8)
 
 
 def token_losses(
@@ -160,26 +200,22 @@ def token_losses(
     eps_high: float,
     kl_term: torch.Tensor | None = None,
     beta: float = 0.0,
-    sapo_temperatures: tuple[float, float] = (1.0, 1.05),
+    sapo_temperatures: tuple[float, float] | None = None,
+    keep: torch.Tensor | None = None,
 ) -> torch.Tensor | None:
-    """Per-token loss value of TRL's formula (before aggregation), or None where it has no per-token value.
+    """Per-token loss value of TRL's formula (before aggregation), or None where the engine has no such loss.
 
-    PPO-clip losses: -min(r A, clip(r, 1 - eps_low, 1 + eps_high) A); CISPO: -min(r, epsilon_high) A (the value
-    of TRL's -sg(clip(r)) A log pi up to the log pi factor, as in engine.objectives); SAPO: -A 4 sigmoid(tau (r -
-    1)) / tau; plus beta * kl_term (the k3 KL, times the ratio under TRL's use_bias_correction_kl). vespo has no
-    value without its gamma weights: None. (B, T) or (B, 1), detached.
+    The policy term of `trl_surrogate` (CISPO's and VESPO's in the engine's -w A convention), times `keep` (TRL's
+    top_entropy_quantile mask) when given, plus beta * kl_term (the k3 KL, times the ratio under TRL's
+    use_bias_correction_kl). (B, T) or (B, 1), detached.
     """
-    r, adv = coef_1.detach(), advantages.detach()
-    if loss_type in _PPO_CLIP_LOSSES:
-        loss = -torch.minimum(r * adv, r.clamp(1 - eps_low, 1 + eps_high) * adv)
-    elif loss_type == "cispo":
-        loss = -r.clamp(max=eps_high) * adv
-    elif loss_type == "sapo":
-        tau_pos, tau_neg = sapo_temperatures
-        tau = torch.where(adv > 0, torch.full_like(adv, tau_pos), torch.full_like(adv, tau_neg))
-        loss = -adv * torch.sigmoid(tau * (r - 1)) * 4 / tau
-    else:
-        return None
+    out = trl_surrogate(loss_type, coef_1, advantages, eps_low, eps_high, sapo_temperatures)
+    return None if out is None else _with_kl(out.loss, keep, kl_term, beta)
+
+
+def _with_kl(policy: torch.Tensor, keep: torch.Tensor | None, kl_term: torch.Tensor | None, beta: float):
+    """TRL's token loss: the policy term (masked by top_entropy_quantile's `keep`), plus beta * the KL term."""
+    loss = policy if keep is None else policy * keep
     return loss if kl_term is None or not beta else loss + beta * kl_term.detach()
 
 
@@ -394,25 +430,32 @@ class PolicyLensGRPOTrainer(GRPOTrainer):
         log_ratio = new - old
         if self.importance_sampling_level == "sequence":
             log_ratio = ((log_ratio * mask).sum(-1) / mask.sum(-1).clamp(min=1.0)).unsqueeze(-1)  # (b, 1)
-        coef_1 = torch.exp(log_ratio)
-        taus = (self.args.sapo_temperature_pos, self.args.sapo_temperature_neg)
+        coef_1 = torch.exp(log_ratio)  # TRL's ratio (the one its bias-corrected KL uses)
         kl = None
         if self.beta != 0.0 and inputs.get("ref_per_token_logps") is not None:
             kl = k3_kl(new, inputs["ref_per_token_logps"].detach())
-        # TRL's default use_bias_correction_kl multiplies the KL term by the ratio (DeepSeek-V3.2's unbiased KL)
-        kl_term = kl * coef_1 if kl is not None and self.args.use_bias_correction_kl else kl
-        loss = token_losses(self.loss_type, coef_1, adv, self.epsilon_low, self.epsilon_high, kl_term, self.beta,
-                            taus)
+        kl_term = kl * coef_1 if kl is not None and getattr(self.args, TRL_BIAS_CORRECTED_KL) else kl
+        if self.loss_type == "vespo":  # its weight reads the sequence ratio w = exp(sum of log ratios)
+            coef_1 = torch.exp(vespo_log_weight(new - old, mask))  # (b, 1)
+        args = self.args
+        rule = trl_surrogate(self.loss_type, coef_1, adv, self.epsilon_low, self.epsilon_high,
+                             (args.sapo_temperature_pos, args.sapo_temperature_neg),
+                             (args.vespo_k_pos, args.vespo_lambda_pos, args.vespo_k_neg, args.vespo_lambda_neg))
+        entropy = seen["entropy"]
+        keep = None
+        if self.top_entropy_quantile < 1.0 and entropy is not None:  # this process's tokens (TRL gathers all)
+            keep = top_entropy_mask(entropy.detach(), mask, self.top_entropy_quantile).to(new.dtype)
+        loss = None if rule is None else _with_kl(rule.loss, keep, kl_term, self.beta)
         shape = new.shape
         missing = torch.full(shape, math.nan, device=new.device)
-        entropy = seen["entropy"]
         values = {"new_logp": new, "old_logp": old, "ratio": coef_1.expand(shape), "token_loss": loss, "kl": kl,
                   "entropy": None if entropy is None else entropy.detach()}
         record = _Pass(
             rows=inputs[ROW_KEY].detach(), mask=mask.detach() > 0,
             values=torch.stack([missing if values[k] is None else values[k].expand(shape).float()
                                 for k in _PASS_VALUES]),
-            clip=clip_codes(self.loss_type, coef_1, adv, self.epsilon_low, self.epsilon_high, taus).expand(shape),
+            clip=(rule.clip if rule is not None else torch.zeros(shape, dtype=torch.int8, device=new.device)
+                  ).to(torch.int8).expand(shape),
             hooked=seen)
         if self.policylens_log_groups is None:
             return record
