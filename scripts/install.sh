@@ -24,3 +24,6 @@ if ! "$VENV/bin/python" -c 'import torch' 2>/dev/null; then
 fi
 # The test suite covers the TRL adapter, so the test environment has the `trl` extra too.
 $PIP install -e '.[dev,trl]'
+# The tests compare PolicyLens's mismatch corrections with verl's own functions (tests/verl_reference.py). Those
+# need only torch, so verl is installed without its dependencies (ray, vLLM, ...), which it never uses here.
+$PIP install --no-deps verl==0.9.1
