@@ -50,7 +50,7 @@ class _Placeholder:
 
 
 class _StubModule(types.ModuleType):
-    __all__: list[str] = []
+    __all__ = ()  # `from stub import *` imports nothing
 
     def __getattr__(self, name: str):
         if name.startswith("__"):
