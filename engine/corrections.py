@@ -30,7 +30,8 @@ Where the references differ from each other, each function follows its own refer
 - verl's per-sequence metrics count rows without any response token (as a sequence mean of 0: weight 1, log-prob 0).
 
 Departures from verl, all deliberate and tested:
-1. Means divide by the exact token count (verl adds 1e-8 to it): differences of ~1e-8 / n relative.
+1. Means divide by the exact token count (verl adds 1e-8 to it): differences of ~1e-8 / n relative, below float32's
+   resolution (float32 results are bit-identical to verl's on the tests' batches).
 2. When IcePop zeroes every weight, verl's metrics divide by zero (ZeroDivisionError in its ESS); here the weights
    are all 0 and the ESS is 0.
 3. A batch without any response token gives NaN metrics (verl raises).
@@ -111,8 +112,8 @@ def _row_mean(values: torch.Tensor, on: torch.Tensor) -> torch.Tensor:
 
 
 def _token_mean(values: torch.Tensor, on: torch.Tensor) -> torch.Tensor:
-    """Scalar mean over every response token of the batch (NaN when there is none)."""
-    return _row_sum(values, on).sum() / on.sum().to(values.dtype)
+    """Scalar mean over every response token of the batch (NaN when there is none); one flat sum, as verl's."""
+    return torch.where(on, values, torch.zeros_like(values)).sum() / on.sum().to(values.dtype)
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -147,7 +148,7 @@ def is_weights(log_ratio: torch.Tensor, mask: torch.Tensor, level: str = "token"
             mean = _token_mean(weights, on)
         else:
             has_tokens = on.any(-1)
-            mean = _row_mean(weights, on)[has_tokens].sum() / has_tokens.sum().clamp(min=1)
+            mean = (_row_mean(weights, on) * has_tokens).sum() / has_tokens.sum().clamp(min=1)
         if bool(mean > 1e-8):
             weights = weights / mean
     return weights
@@ -155,19 +156,20 @@ def is_weights(log_ratio: torch.Tensor, mask: torch.Tensor, level: str = "token"
 
 def is_weight_metrics(weights: torch.Tensor, mask: torch.Tensor, upper: float | None = None) -> dict[str, float]:
     """Mean, max and effective sample size of applied IS weights over the response tokens (before any batch
-    normalisation, as verl's compute_is_metrics: rollout_is_mean, the token-level rollout_is_max,
-    rollout_is_eff_sample_size). ESS = mean(w)^2 / mean(w^2) in (0, 1] over tokens, w clamped to [0, upper]; 0 when
-    every weight is 0 (verl divides by zero there). NaN without any response token."""
+    normalisation), as verl 0.9.1's compute_is_metrics: rollout_is_mean, the token-level rollout_is_max and
+    rollout_is_eff_sample_size = 1 / mean((w / (mean(w) + 1e-8))^2) with w clamped to [0, upper], i.e. about
+    mean(w)^2 / mean(w^2), in (0, 1]. ESS is 0 when every weight is 0 (verl divides by zero there); every value is
+    NaN without any response token."""
     w, on = _inputs(weights, mask)
     if not bool(on.any()):
         return {"is_weight_mean": math.nan, "is_weight_max": math.nan, "is_weight_ess": math.nan}
     clamped = w.clamp(min=0.0, max=math.inf if upper is None else upper)
-    mean_sq = float(_token_mean(clamped.square(), on))
-    mean = float(_token_mean(clamped, on))
+    normalized = clamped / (_token_mean(clamped, on) + 1e-8)  # verl's guard, kept: it moves ESS by ~2e-8 / mean(w)
+    mean_sq = float(_token_mean(normalized.square(), on))
     return {
         "is_weight_mean": float(_token_mean(w, on)),
         "is_weight_max": float(w[on].max()),
-        "is_weight_ess": 0.0 if mean_sq == 0 else mean * mean / mean_sq,
+        "is_weight_ess": 0.0 if mean_sq == 0 else 1.0 / mean_sq,
     }
 
 
