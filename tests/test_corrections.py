@@ -292,3 +292,18 @@ def test_gmpo_takes_one_positive_weight_per_sequence_as_verl():
     torch.testing.assert_close(inputs.weight, torch.where(on, torch.exp(log_w)[:, None].expand_as(mask), 0.0))
     signs = torch.sign(inputs.advantages[on]) == torch.sign(advantages[:, None].expand_as(mask)[on])
     assert bool(signs.all())
+
+
+def test_the_docs_example_runs_as_written():
+    import re
+    from pathlib import Path
+
+    doc = (Path(__file__).resolve().parents[1] / "docs" / "mismatch.md").read_text(encoding="utf-8")
+    (example,) = [block for block in re.findall(r"```python\n(.*?)```", doc, flags=re.S) if "correct_batch" in block]
+    logp, old, sampler, advantages, mask, _, _ = loss_batch()
+    names = dict(config=CONFIGS["token IcePop + rejection + off-policy mask"], old_logp=old, sampler_logp=sampler,
+                 mask=mask, minibatches=[slice(0, 4), slice(4, 8)], algo="dapo", advantages=advantages,
+                 policy_logp=lambda rows: logp.detach()[rows].clone().requires_grad_(True))
+    exec(example, names)
+    assert torch.isfinite(names["out"].loss) and names["logp"].grad is not None
+    assert names["inp"].rejected.shape == names["out"].clip.shape == (4, mask.shape[1])
