@@ -104,6 +104,12 @@ def _install_finder(extra_stubs: tuple[str, ...]) -> None:
             f"the tests compare against verl {VERL_VERSION}, found {installed or 'no verl'}: install it with "
             f"`python -m pip install --no-deps verl=={VERL_VERSION}` (scripts/install.sh does)"
         )
+    stray = sorted({f.parts[0] for f in importlib.metadata.distribution("verl").files or ()} & {"tests", "scripts"})
+    if stray:
+        raise RuntimeError(
+            f"verl's wheel installed top-level {' and '.join(stray)} packages, which shadow this project's folders of "
+            "the same name: run scripts/install.sh, which removes them"
+        )
     if _finder is None:
         spec = importlib.util.find_spec("verl")
         if "verl" in sys.modules and not isinstance(getattr(sys.modules["verl"], "__path__", None), list):
