@@ -31,7 +31,7 @@ token stays in the batch and in the log.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from numbers import Real
 from typing import Any
 
@@ -234,6 +234,14 @@ class CorrectionConfig:
     @property
     def enabled(self) -> bool:
         return self.rollout_is is not None or self.rollout_rs is not None or self.off_policy_mask is not None
+
+    @classmethod
+    def of(cls, source: Any) -> CorrectionConfig:
+        """The corrections of any object holding these fields as attributes (e.g. a training config), validated."""
+        return cls(**{name: getattr(source, name) for name in CORRECTION_FIELDS})
+
+
+CORRECTION_FIELDS = tuple(f.name for f in fields(CorrectionConfig))
 
 
 # ---- command-line flags: flag -> (field, parser of the flag's string)

@@ -12,6 +12,7 @@ import sys
 import pytest
 
 from engine.correction_settings import (
+    CORRECTION_FIELDS,
     FLAGS,
     REJECT_EVENTS,
     REJECT_NAMES,
@@ -119,6 +120,19 @@ def test_rs_threshold_defaults_are_verl_presets_and_required_otherwise():
 ])
 def test_is_bounds_defaults_per_reference(mode, spec, expected):
     assert is_bounds(mode, spec) == expected
+
+
+def test_a_config_holding_the_fields_gives_its_corrections():
+    from types import SimpleNamespace
+
+    holder = SimpleNamespace(algo="grpo", rollout_is="sequence", rollout_is_threshold=None,
+                             rollout_is_batch_normalize=False, rollout_rs="seq_mean_k3", rollout_rs_threshold=None,
+                             off_policy_mask=None)
+    assert CorrectionConfig.of(holder) == CorrectionConfig(rollout_is="sequence", rollout_rs="seq_mean_k3")
+    assert set(CORRECTION_FIELDS) == {name for name, _ in FLAGS.values()}  # every field has its flag
+    holder.rollout_rs = "seq_mean_k4"
+    with pytest.raises(CorrectionError, match="unknown option 'seq_mean_k4'"):
+        CorrectionConfig.of(holder)
 
 
 def test_config_defaults_are_all_off_and_every_field_is_documented():
