@@ -6,7 +6,8 @@ same tokens (bf16 kernels, top-p/top-k renormalisation, stale weights). Every fu
     log_ratio = old_logp - sampler_logp     # (B, T) trainer minus sampler: log(pi_trainer / pi_sampler)
     mask                                    # (B, T) 1 on response tokens (bool, int or float 0/1)
 
-and returns tensors of the same shape, detached. What each one equals:
+and returns detached tensors of the same shape (`offpolicy_metrics` takes old_logp and sampler_logp and returns
+floats). What each one equals:
 
 - `is_weights`: verl 0.9.1 `compute_rollout_correction_weights` (verl/trainer/ppo/rollout_corr_helper.py): truncated
   IS (TIS, Yao et al. 2025) for one upper bound, IcePop (zero outside [lower, upper], bounds kept) for "lower_upper",
@@ -42,7 +43,8 @@ rollout_is_weights`. `policy_loss` has no weight argument; since every surrogate
 homogeneous in the advantage (loss(w A) = w loss(A) for w >= 0, and the closed-form gradient weight likewise), the
 weight is applied to the advantage the loss sees. GMPO's loss is one geometric mean per sequence whose clip side
 depends on the sign of each token's advantage, so (as verl's geo-mean loss does) its tokens' weights enter as one
-weight per sequence, their geometric mean exp(mean_t log(w_t + 1e-10)) > 0. The KL term is not weighted (verl adds
+weight per sequence, their geometric mean exp(mean_t log(w_t + 1e-10)) > 0 (with per-token advantages, a token the
+off-policy mask drops gets advantage 0, which counts on GMPO's A >= 0 clip side). The KL term is not weighted (verl adds
 its KL loss apart). A rejected token or sequence (verl rejection) leaves the loss mask, so the normaliser shrinks, as
 verl's modified response_mask; the off-policy mask and masking IS modes multiply the loss by 0 (normaliser kept), as
 TRL and verl do. Every rejected token stays in the batch and the log, with its reason code
