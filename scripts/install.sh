@@ -24,6 +24,29 @@ if ! "$VENV/bin/python" -c 'import torch' 2>/dev/null; then
 fi
 # The test suite covers the TRL adapter, so the test environment has the `trl` extra too.
 $PIP install -e '.[dev,trl]'
-# verl's own policy losses are the reference the tests compare the engine's rules against (tests/test_rules.py,
-# through tests/verl_reference.py). Only its source is needed: --no-deps keeps Ray, vLLM and the rest out.
-$PIP install --no-deps 'verl==0.9.1'
+# verl's own functions are the reference the tests compare the engine's loss rules and mismatch corrections
+# against (tests/verl_reference.py). They need only torch: --no-deps keeps Ray, vLLM and the rest out.
+$PIP install --no-deps verl==0.9.1
+# verl's wheel also installs its own top-level `tests` and `scripts` packages, which would shadow this project's
+# tests/ and scripts/ folders (`from tests.x import ...`): remove those files and their lines of verl's RECORD.
+"$VENV/bin/python" - <<'PY'
+import importlib.metadata
+import os
+
+dist = importlib.metadata.distribution("verl")
+stray = [f for f in dist.files or () if f.parts[0] in ("tests", "scripts")]
+for f in stray:
+    path = f.locate()
+    if os.path.isfile(path):
+        os.remove(path)
+for top in ("tests", "scripts"):
+    for folder, _, _ in sorted(os.walk(dist.locate_file(top)), key=lambda w: -len(w[0])):
+        if not os.listdir(folder):
+            os.rmdir(folder)
+record = dist.locate_file(f"verl-{dist.version}.dist-info/RECORD")
+if stray and os.path.isfile(record):
+    with open(record, encoding="utf-8") as handle:
+        lines = handle.readlines()
+    with open(record, "w", encoding="utf-8") as handle:
+        handle.writelines(line for line in lines if not line.startswith(("tests/", "scripts/")))
+PY

@@ -1,89 +1,135 @@
-"""Import modules of verl 0.9.1 (installed with --no-deps by scripts/install.sh) to compare against their functions.
+"""Import modules of verl 0.9.1 (the reference implementation some tests compare against) without verl's dependencies.
 
-verl's packages import Ray, OmegaConf, TensorDict and its own workers at import time; the functions the tests call
-(the policy losses of `verl/trainer/ppo/core_algos.py`, the helpers of `rollout_corr_helper.py`) use none of that.
-`import_verl(name)` loads the module's own file with stand-ins for what it imports and does not use: verl's package
-`__init__` files are skipped (each package becomes a namespace over its real folder) and the names listed in
-STUBS are empty placeholders. A placeholder that is called raises, so a test cannot silently run on one.
+verl is installed in the test environment with `pip install --no-deps verl==0.9.1` (scripts/install.sh): its pure
+tensor functions need only torch, but importing them pulls in ray, tensordict, omegaconf and verl's own config and
+data-protocol modules. `import_verl(name)` imports the real module `name` and, in place of what it imports but the
+compared functions never use, puts stubs:
 
-    core = import_verl("verl.trainer.ppo.core_algos")
-    loss, metrics = core.compute_policy_loss_gpg(old, logp, adv, mask, "token-mean", config)
+- the top-level `verl` package is created empty (its `__init__` imports `verl.protocol`, hence ray, and loads plugins);
+  every other verl package and module runs its real code;
+- a third-party package of `THIRD_PARTY_STUBS` that is not installed becomes a stub module;
+- each verl module or package of `STUBBED_VERL_MODULES` (plus `extra_stubs`), with everything under it, is a stub.
+
+A stub module hands out a placeholder class for any attribute, so `from tensordict import TensorDict` and
+`isinstance(x, AlgoConfig)` work; instantiating a placeholder raises, so a compared function that does use a stubbed
+dependency fails loudly instead of computing something else.
+
+    helper = import_verl("verl.trainer.ppo.rollout_corr_helper")
+    core_algos = import_verl("verl.trainer.ppo.core_algos")
 """
 
 from __future__ import annotations
 
 import importlib
+import importlib.abc
+import importlib.machinery
+import importlib.metadata
 import importlib.util
 import sys
 import types
-from pathlib import Path
 from typing import Any
-
-import pytest
 
 VERL_VERSION = "0.9.1"
 
-# module -> names it must offer (classes are empty placeholders, functions raise when called)
-STUBS: dict[str, dict[str, str]] = {
-    "verl": {},
-    "verl.trainer": {},
-    "verl.trainer.ppo": {},
-    "verl.trainer.config": {"AlgoConfig": "class"},
-    "verl.trainer.config.algorithm": {"RolloutCorrectionConfig": "class"},
-    "verl.workers": {},
-    "verl.workers.config": {"ActorConfig": "class"},
-    "verl.workers.config.actor": {"PolicyLossConfig": "class", "ActorConfig": "class"},
-    "verl.protocol": {"DataProto": "class"},
-    "verl.utils": {"as_torch_index": "function", "group_mean_std": "function"},
-    "verl.utils.device": {"get_device_name": "function", "get_torch_device": "function"},
-    "tensordict": {"TensorDict": "class"},
-    "omegaconf": {"DictConfig": "class", "OmegaConf": "class"},
-}
-"""Placeholders: modules verl's policy-loss code imports and does not use. Real modules win where installed
-(omegaconf, tensordict); verl's own packages are namespaces over the real folders, so their real submodules load."""
+# verl's hard dependencies that its tensor math does not use; stubbed only when absent from the environment
+THIRD_PARTY_STUBS = ("ray", "tensordict", "omegaconf", "hydra", "codetiming", "pylatexenc", "wandb")
+
+# verl modules imported at module level by the helpers we compare against, used only by functions we do not call
+# (DataProto wrappers, config dataclasses built from OmegaConf): verl.protocol needs ray and tensordict, the config
+# packages import omegaconf and each other's dataclasses
+STUBBED_VERL_MODULES = ("verl.protocol", "verl.trainer.config", "verl.workers.config")
 
 
-def _placeholder_function(name: str):
-    def call(*args: Any, **kwargs: Any):
-        raise NotImplementedError(f"{name} is a test placeholder: the compared verl code should not call it")
+class _Placeholder:
+    """A stubbed name: fine to import, subclass or isinstance-check; an error to instantiate."""
 
-    return call
-
-
-def _install_stubs(root: Path) -> None:
-    for module_name, names in STUBS.items():
-        if module_name in sys.modules:
-            continue
-        if not module_name.startswith("verl") and importlib.util.find_spec(module_name) is not None:
-            continue  # the real library is installed: use it
-        module = types.ModuleType(module_name)
-        folder = root.joinpath(*module_name.split(".")[1:]) if module_name.startswith("verl") else None
-        if folder is not None and folder.is_dir():
-            module.__path__ = [str(folder)]  # a namespace over the real folder, its __init__ not run
-        for name, kind in names.items():
-            setattr(module, name, type(name, (), {}) if kind == "class" else _placeholder_function(name))
-        sys.modules[module_name] = module
+    def __init__(self, *args, **kwargs):
+        raise RuntimeError(
+            f"{type(self).__module__}.{type(self).__name__} is a stub (tests/verl_reference.py): the verl code "
+            "under test uses a dependency the test environment does not provide"
+        )
 
 
-def verl_root() -> Path | None:
-    """The installed verl package folder, or None."""
-    spec = importlib.util.find_spec("verl")
-    if spec is None or not spec.submodule_search_locations:
+class _StubModule(types.ModuleType):
+    __all__ = ()  # `from stub import *` imports nothing
+
+    def __getattr__(self, name: str):
+        if name.startswith("__"):
+            raise AttributeError(name)
+        placeholder = type(name, (_Placeholder,), {"__module__": self.__name__})
+        setattr(self, name, placeholder)
+        return placeholder
+
+
+class _VerlFinder(importlib.abc.MetaPathFinder, importlib.abc.Loader):
+    """Serves the empty top-level `verl` package and the stub modules; everything else is left to the normal path."""
+
+    def __init__(self, verl_path: list[str], stubs: set[str]):
+        self.verl_path = verl_path
+        self.stubs = stubs
+
+    def _stubbed(self, name: str) -> bool:
+        if any(name == s or name.startswith(s + ".") for s in self.stubs):
+            return True
+        top = name.split(".")[0]
+        return top in THIRD_PARTY_STUBS and importlib.machinery.PathFinder.find_spec(top) is None
+
+    def find_spec(self, name, path, target=None):
+        if name == "verl":
+            return importlib.machinery.ModuleSpec(name, self, is_package=True, origin="verl-without-init")
+        if self._stubbed(name):
+            return importlib.machinery.ModuleSpec(name, self, is_package=True)
         return None
-    return Path(next(iter(spec.submodule_search_locations)))
+
+    def create_module(self, spec):
+        if spec.origin == "verl-without-init":
+            return types.ModuleType(spec.name)
+        return _StubModule(spec.name)
+
+    def exec_module(self, module):
+        if module.__spec__.origin == "verl-without-init":
+            module.__path__ = list(self.verl_path)
 
 
-def import_verl(module_name: str):
-    """The verl module `module_name` (e.g. "verl.trainer.ppo.core_algos"), loaded from its own file.
+_finder: _VerlFinder | None = None
 
-    Skips the calling test when verl is not installed (scripts/install.sh installs it; the comparison is the
-    requirement, so CI runs it)."""
-    if module_name in sys.modules and getattr(sys.modules[module_name], "__file__", None):
-        return sys.modules[module_name]
-    root = verl_root() if "verl" not in sys.modules else Path(sys.modules["verl"].__path__[0])
-    if root is None:
-        pytest.skip(f"verl=={VERL_VERSION} is not installed (scripts/install.sh installs it with --no-deps)")
-    _install_stubs(root)
+
+def _install_finder(extra_stubs: tuple[str, ...]) -> None:
+    global _finder
+    try:
+        installed = importlib.metadata.version("verl")
+    except importlib.metadata.PackageNotFoundError:
+        installed = None
+    if installed != VERL_VERSION:
+        raise RuntimeError(
+            f"the tests compare against verl {VERL_VERSION}, found {installed or 'no verl'}: install it with "
+            f"`python -m pip install --no-deps verl=={VERL_VERSION}` (scripts/install.sh does)"
+        )
+    stray = sorted({f.parts[0] for f in importlib.metadata.distribution("verl").files or ()} & {"tests", "scripts"})
+    if stray:
+        raise RuntimeError(
+            f"verl's wheel installed top-level {' and '.join(stray)} packages, which shadow this project's folders of "
+            "the same name: run scripts/install.sh, which removes them"
+        )
+    if _finder is None:
+        spec = importlib.util.find_spec("verl")
+        if "verl" in sys.modules and not isinstance(getattr(sys.modules["verl"], "__path__", None), list):
+            raise RuntimeError("a module named verl was imported before tests/verl_reference.py could set it up")
+        _finder = _VerlFinder(list(spec.submodule_search_locations), set(STUBBED_VERL_MODULES))
+        sys.meta_path.insert(0, _finder)
+    new = set(extra_stubs) - _finder.stubs
+    already = sorted(name for name in new if name in sys.modules)
+    if already:
+        raise RuntimeError(f"cannot stub {', '.join(already)}: already imported for real")
+    _finder.stubs |= new
+
+
+def import_verl(module_name: str, extra_stubs: tuple[str, ...] = ()) -> types.ModuleType:
+    """The real verl module `module_name` (e.g. "verl.trainer.ppo.rollout_corr_helper"), imported with stubs for
+    the dependencies its compared functions do not use; `extra_stubs`: more verl modules to stub."""
+    if not (module_name == "verl" or module_name.startswith("verl.")):
+        raise ValueError(f"{module_name!r} is not a verl module; accepted: 'verl.<package>.<module>'")
+    _install_finder(tuple(extra_stubs))
     return importlib.import_module(module_name)
 
 
