@@ -162,7 +162,10 @@ TABLE_SCHEMAS: dict[str, pa.Schema] = {
     "tokens": pa.schema(
         [("run", _S), ("step", _I), ("rollout_id", _I), ("position", _I), ("token_id", _I), ("token_text", _S),
          ("old_logp", _F), ("ref_logp", _F), ("entropy", _F), ("advantage", _F), ("prm_step", _I),
-         ("value", _F), ("return", _F), ("kl_reward", _F)]  # the last three: critic algorithms only
+         ("value", _F), ("return", _F), ("kl_reward", _F),  # the last three: critic algorithms only
+         ("sampler_logp", _F),  # the sampler's (inference engine's) log-prob of the token; NULL when not logged
+         ("sampler_logp_full", _F),  # the same under the sampler's full, unprocessed distribution; NULL if unknown
+         ("extra", _S)]  # per-token fields outside the contract (imported runs), a JSON object
     ),
     "token_passes": pa.schema(
         [("run", _S), ("step", _I), ("pass", _I), ("rollout_id", _I), ("position", _I), ("new_logp", _F),
@@ -185,7 +188,7 @@ _ADDED_COLUMNS: dict[str, tuple[str, ...]] = {
     "steps": ("value_loss", "value_clip_frac", "explained_variance", "critic_grad_norm", "critic_seconds",
               "critic_memory_mb", "advantage_mean", "advantage_std"),
     "rollouts": ("rank", "reward_components"),
-    "tokens": ("value", "return", "kl_reward"),
+    "tokens": ("value", "return", "kl_reward", "sampler_logp", "sampler_logp_full", "extra"),
 }
 _LEGACY_SCHEMAS: dict[str, pa.Schema] = {
     table: pa.schema([f for f in TABLE_SCHEMAS[table] if f.name not in added])
@@ -1210,9 +1213,16 @@ def _check_file(path: str, table: str) -> str | None:
     schema = schema.remove_metadata()
     if schema.equals(TABLE_SCHEMAS[table]):
         return None
-    if table in _LEGACY_SCHEMAS and schema.equals(_LEGACY_SCHEMAS[table]):
+    if table in _LEGACY_SCHEMAS and _is_legacy(schema, table):
         return _LEGACY
     return f"not a {table} file of this schema (columns {schema.names})"
+
+
+def _is_legacy(schema: pa.Schema, table: str) -> bool:
+    """Written before `_ADDED_COLUMNS` (or before the later of them, which are appended at the schema's end)."""
+    current, n = TABLE_SCHEMAS[table], len(schema)
+    return schema.equals(_LEGACY_SCHEMAS[table]) or (
+        len(_LEGACY_SCHEMAS[table]) < n < len(current) and schema.equals(pa.schema(list(current)[:n])))
 
 
 _LEGACY = "legacy"
