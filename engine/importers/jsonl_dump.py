@@ -45,7 +45,7 @@ def _query(con, path: str, json_columns: dict[str, str], expressions: dict[str, 
     columns = "{" + ", ".join(f"'{k}': '{v}'" for k, v in json_columns.items()) + "}"
     source = (f"read_json(?, format = 'newline_delimited', columns = {columns}, "
               f"maximum_object_size = {MAX_LINE_BYTES})")
-    return con.execute(f"SELECT {samples_select(expressions)} FROM {source}", [path]).arrow()
+    return con.execute(f"SELECT {samples_select(expressions)} FROM {source}", [path]).to_arrow_table()
 
 
 def _all_valid(con, table: pa.Table) -> bool:
@@ -54,7 +54,7 @@ def _all_valid(con, table: pa.Table) -> bool:
     con.register("checked", table)
     try:
         bad = con.execute(f"SELECT count(*) FROM checked WHERE NOT coalesce({valid_lengths_sql(list_names)}, false)"
-                          ).fetchone()[0]
+                          ).fetchall()[0][0]
     finally:
         con.unregister("checked")
     return bad == 0

@@ -98,7 +98,7 @@ class TokenVocabulary:
 
     def table_for(self, con: duckdb.DuckDBPyConnection) -> pa.Table:
         """id/text of every token id in the connection's `s` table (its samples)."""
-        ids = con.execute("SELECT DISTINCT unnest(token_ids) AS id FROM s").arrow().column("id").to_pylist()
+        ids = con.execute("SELECT DISTINCT unnest(token_ids) AS id FROM s").to_arrow_table().column("id").to_pylist()
         ids = [i for i in ids if i is not None]
         for i in ids:
             if i not in self.texts:
@@ -152,12 +152,12 @@ def step_tables(step: int, samples: pa.Table, ctx: ReadContext, vocabulary: Toke
         text = (lambda dump, agg: agg) if has_tokenizer else (lambda dump, agg: f"coalesce({dump}, {agg})")
         rollouts = con.execute(_ROLLOUTS_SQL.format(prompt=text("prompt_text", "t.prompt_tokens"),
                                                     completion=text("completion_text", "t.completion_tokens"))
-                               ).arrow()
+                               ).to_arrow_table()
         fields = ", ".join([f"{quote('loss_mask')} := loss_mask"]
                            + [f"{quote(n[2:])} := {quote(n)}" for n in present])
         tokens = con.execute(_TOKENS_SQL.format(
             columns=", ".join(quote(n) for n in LIST_COLUMNS), extra=f"to_json(struct_pack({fields}))",
-            unnests=", ".join(f"unnest({quote(n)}) AS {quote(n)}" for n in (*LIST_COLUMNS, *present)))).arrow()
+            unnests=", ".join(f"unnest({quote(n)}) AS {quote(n)}" for n in (*LIST_COLUMNS, *present)))).to_arrow_table()
         metrics = _step_metrics(con)
     finally:
         con.close()
@@ -170,9 +170,9 @@ def _step_metrics(con: duckdb.DuckDBPyConnection) -> dict[str, Any]:
     row = con.execute("""
         SELECT avg(reward), stddev_samp(reward), avg(len(token_ids) - plen), max(len(token_ids) - plen),
                avg(truncated::DOUBLE)
-        FROM s""").fetchone()
+        FROM s""").fetchall()[0]
     entropy = con.execute("""
-        SELECT avg(e) FROM (SELECT unnest(entropy) AS e, unnest(loss_mask) AS m FROM s) WHERE m""").fetchone()[0]
+        SELECT avg(e) FROM (SELECT unnest(entropy) AS e, unnest(loss_mask) AS m FROM s) WHERE m""").fetchall()[0][0]
     names = ("reward_mean", "reward_std", "response_len_mean", "response_len_max", "truncated_frac")
     return {**dict(zip(names, row, strict=True)), "entropy": entropy}
 
