@@ -97,7 +97,10 @@ def test_rollouts_groups_and_rewards(source, samples, tokenizer_dir, tmp_path):
     assert len(rows) == len(ordered) == 7
     first_seen: dict[int, int] = {}
     for row, s in zip(rows, ordered, strict=True):
-        assert row["reward"] == s.reward
+        if source == "prime-rl":  # its export holds no reward since 0be5ac45 (the fixture's format, 289562d2)
+            assert row["reward"] is None or math.isnan(row["reward"])
+        else:
+            assert row["reward"] == s.reward
         assert row["length"] == len(s.token_ids) - s.prompt_len
         assert row["advantage"] == pytest.approx(s.advantage[s.prompt_len])
         first_seen.setdefault(s.group, len(first_seen))
@@ -153,7 +156,7 @@ def test_import_again_adds_nothing_and_an_empty_folder_creates_nothing(source, s
     assert not (tmp_path / "logs" / "x").exists()
 
 
-def test_a_dump_that_runs_code_when_unpickled_is_refused(tmp_path):
+def test_a_dump_that_runs_code_when_unpickled_is_refused(tmp_path, capsys):
     import pickle
 
     class Payload:
@@ -163,6 +166,7 @@ def test_a_dump_that_runs_code_when_unpickled_is_refused(tmp_path):
     folder = tmp_path / "slime"
     folder.mkdir()
     (folder / "rollout_1.pt").write_bytes(pickle.dumps({"rollout_id": 1, "samples": [Payload()]}))
-    with pytest.raises(RunLogError):  # the only file is refused: nothing to import
-        import_run("slime", folder, tmp_path / "logs", "run")
-    assert not (tmp_path / "logs" / "run").exists()
+    report = import_run("slime", folder, tmp_path / "logs", "run")
+    assert report.imported == [] and "rollout_1.pt" in report.problems[0] and "weights_only" in report.problems[0]
+    assert "pickle code ran" not in capsys.readouterr().out
+    assert not (tmp_path / "logs" / "run").exists()  # nothing to import: no run
