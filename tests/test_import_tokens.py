@@ -8,10 +8,6 @@ import json
 import math
 
 import pytest
-
-from engine.cli import main
-from engine.importers import import_run
-from engine.runlog import RunLogError, RunReader
 from token_dump_fixtures import (
     expected,
     make_samples,
@@ -20,6 +16,10 @@ from token_dump_fixtures import (
     write_prime_rl,
     write_slime,
 )
+
+from engine.cli import main
+from engine.importers import import_run
+from engine.runlog import RunLogError, RunReader
 
 WRITERS = {"prime-rl": write_prime_rl, "nemo-rl": write_nemo_rl, "slime": write_slime}
 # the framework fields each dump holds besides the contract columns (kept in tokens.extra)
@@ -149,7 +149,7 @@ def test_import_again_adds_nothing_and_an_empty_folder_creates_nothing(source, s
         assert reader.sql("SELECT status FROM runs WHERE run = 'run'").iloc[0, 0] == "finished"
     empty = tmp_path / "empty"
     empty.mkdir()
-    with pytest.raises(RunLogError, match="expected|accepted"):
+    with pytest.raises(RunLogError, match=r"expected|accepted"):
         import_run(source, empty, tmp_path / "logs", "other")
     assert not (tmp_path / "logs" / "other").exists()
     assert main(["import", source, str(empty), "--logs-dir", str(tmp_path / "logs"), "--run-name", "x"]) == 2
