@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import random
 import resource
 import shutil
@@ -35,13 +36,17 @@ def write_export(root: Path, samples: int, tokens: int, steps: int, ranks: int =
             ids = [rng.randrange(50_000) for _ in range(prompt)] if i % 8 == 0 else ids  # noqa: F821
             seq = ids + [rng.randrange(50_000) for _ in range(tokens - prompt)]
             off = rng.randrange(2048)
+            sampler, trainer = floats[off:off + tokens], floats[off + 1:off + 1 + tokens]
+            log_ratio = [t - s for t, s in zip(trainer, sampler, strict=True)]
             record = {"schema_version": 1, "step": step, "rank": i % ranks, "micro_step": 0, "micro_sequence_idx": i,
                       "export_sequence_idx": i // ranks, "env_name": "bench", "token_ids": seq,
                       "position_ids": list(range(tokens)), "loss_mask": [False] * prompt + [True] * (tokens - prompt),
-                      "advantages": [0.5] * tokens, "inference_logprobs": floats[off:off + tokens],
-                      "trainer_logprobs": floats[off + 1:off + 1 + tokens], "entropy": floats[off + 2:off + 2 + tokens],
-                      "mismatch_kl": floats[off + 3:off + 3 + tokens], "importance_ratio": [1.0] * tokens,
-                      "is_masked": [False] * tokens, "rl_weights": [1.0] * tokens}
+                      "advantages": [0.5] * tokens, "inference_logprobs": sampler, "trainer_logprobs": trainer,
+                      "entropy": floats[off + 2:off + 2 + tokens], "log_importance_ratio": log_ratio,
+                      "importance_ratio": [math.exp(x) for x in log_ratio],
+                      "mismatch_kl": [math.exp(x) - x - 1 for x in log_ratio], "is_masked": [False] * tokens,
+                      "is_masked_high": [False] * tokens, "is_masked_low": [False] * tokens,
+                      "rl_weights": [1.0] * tokens}
             files[i % ranks].write(json.dumps(record, separators=(",", ":")) + "\n")
         for f in files:
             f.close()

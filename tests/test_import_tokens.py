@@ -23,7 +23,7 @@ from engine.runlog import RunLogError, RunReader
 
 WRITERS = {"prime-rl": write_prime_rl, "nemo-rl": write_nemo_rl, "slime": write_slime}
 # the framework fields each dump holds besides the contract columns (kept in tokens.extra)
-EXTRA = {"prime-rl": ("is_masked", "importance_ratio"), "nemo-rl": (), "slime": ("kl",)}
+EXTRA = {"prime-rl": ("is_masked",), "nemo-rl": (), "slime": ("kl",)}
 COLUMNS = {"prime-rl": ("sampler_logp", "old_logp", "entropy", "advantage"),
            "nemo-rl": ("sampler_logp", "old_logp", "advantage"),
            "slime": ("sampler_logp", "old_logp", "entropy", "advantage", "ref_logp", "value", "return")}
@@ -83,6 +83,9 @@ def test_every_token_column_holds_what_the_dump_wrote(source, samples, tokenizer
                 assert extra["loss_mask"] == w["loss_mask"]
                 for name in EXTRA[source]:
                     assert extra[name] == pytest.approx(w[name]), name
+                if source == "prime-rl":  # not stored: derived from the two log-probs as prime-rl derives it
+                    assert "importance_ratio" not in extra
+                    assert math.exp(g["old_logp"] - g["sampler_logp"]) == pytest.approx(w["importance_ratio"])
 
 
 @pytest.mark.parametrize("source", list(WRITERS))

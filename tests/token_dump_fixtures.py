@@ -11,6 +11,7 @@ store, token by token, computed from the generated samples and the documented pr
 from __future__ import annotations
 
 import json
+import math
 import random
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -87,8 +88,8 @@ def _sample(tokenizer, rng, step, group, prompt, turns, reward) -> Sample:
     adv = round(rng.uniform(-1, 1), 4)
     s = Sample(step, group, ids, mask, floats(-3, 0), floats(-3, 0), floats(0, 2), [adv] * n, floats(-3, 0),
                floats(-1, 1), floats(-1, 1), reward, mask.index(True))
-    s.extra = {"is_masked": [rng.random() < 0.2 for _ in range(n)], "importance_ratio": floats(0.5, 1.5),
-               "kl": floats(0, 0.1)}
+    s.extra = {"is_masked": [rng.random() < 0.2 for _ in range(n)], "kl": floats(0, 0.1),
+               "importance_ratio": [math.exp(o - i) for o, i in zip(s.old_logp, s.sampler_logp, strict=True)]}
     return s
 
 
@@ -118,9 +119,15 @@ def write_prime_rl(folder: Path, samples: list[Sample]) -> Path:
                       "export_sequence_idx": len(lines[rank]), "env_name": "math", "token_ids": s.token_ids,
                       "position_ids": list(range(len(s.token_ids))), "loss_mask": s.loss_mask,
                       "advantages": s.advantage, "inference_logprobs": s.sampler_logp,
-                      "trainer_logprobs": s.old_logp, "entropy": s.entropy, "mismatch_kl": s.extra["kl"],
-                      "log_importance_ratio": None, "importance_ratio": s.extra["importance_ratio"],
-                      "prob_delta": None, "is_masked": s.extra["is_masked"], "is_masked_high": None,
+                      "trainer_logprobs": s.old_logp, "entropy": s.entropy,
+                      # as prime-rl's loss.py compute_importance_ratio_and_mismatch_kl computes them
+                      "log_importance_ratio": [o - i for o, i in zip(s.old_logp, s.sampler_logp, strict=True)],
+                      "importance_ratio": s.extra["importance_ratio"],
+                      "mismatch_kl": [r - (o - i) - 1 for r, o, i in zip(s.extra["importance_ratio"], s.old_logp,
+                                                                          s.sampler_logp, strict=True)],
+                      "prob_delta": [math.exp(o) - math.exp(i) for o, i in zip(s.old_logp, s.sampler_logp,
+                                                                                strict=True)],
+                      "is_masked": s.extra["is_masked"], "is_masked_high": None,
                       "is_masked_low": None, "rl_weights": [1.0] * len(s.token_ids), "ce_weights": None,
                       "ref_kl_weights": None}
             lines[rank].append(json.dumps(record, separators=(",", ":")))

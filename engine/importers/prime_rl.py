@@ -16,9 +16,13 @@ Format, read from PrimeIntellect-ai/prime-rl `src/prime_rl/trainer/rl/token_expo
 
 Columns: inference_logprobs -> tokens.sampler_logp, trainer_logprobs -> tokens.old_logp, entropy, advantages ->
 tokens.advantage; the reward is the first non-null value of `rewards` where a version has it. Kept in
-`tokens.extra` under their names: loss_mask, mismatch_kl, importance_ratio, is_masked, is_masked_high,
-is_masked_low, rl_weights, ce_weights, ref_kl_weights, losses. Not kept (they follow from the kept columns):
-log_importance_ratio = log(importance_ratio), prob_delta = exp(old_logp) - exp(sampler_logp), position_ids.
+`tokens.extra` under their names: loss_mask, is_masked, is_masked_high, is_masked_low (DPPO masks), rl_weights,
+ce_weights, ref_kl_weights (loss-component weights), losses. Not stored, because prime-rl computes them from the
+two stored log-probs (`src/prime_rl/trainer/rl/loss.py` `compute_importance_ratio_and_mismatch_kl` and
+token_export.py `_compute_export_tensors`, commit 289562d2), so a view derives them exactly:
+log_importance_ratio = old_logp - sampler_logp, importance_ratio = exp(old_logp - sampler_logp),
+mismatch_kl = importance_ratio - log_importance_ratio - 1, prob_delta = exp(old_logp) - exp(sampler_logp).
+position_ids are not kept either (positions follow from the token order).
 """
 
 from __future__ import annotations
@@ -46,8 +50,8 @@ EXPRESSIONS = {
     "rank": "rank", "token_ids": "token_ids", "loss_mask": "loss_mask", "sampler_logp": "inference_logprobs",
     "old_logp": "trainer_logprobs", "entropy": "entropy", "advantage": "advantages",
     "reward": "list_filter(rewards, lambda x: x IS NOT NULL)[1]",
-    **{f"x_{k}": k for k in ("mismatch_kl", "importance_ratio", "is_masked", "is_masked_high", "is_masked_low",
-                             "rl_weights", "ce_weights", "ref_kl_weights", "losses")},
+    **{f"x_{k}": k for k in ("is_masked", "is_masked_high", "is_masked_low", "rl_weights", "ce_weights",
+                             "ref_kl_weights", "losses")},
 }
 SOURCE = "PrimeIntellect-ai/prime-rl src/prime_rl/trainer/rl/token_export.py @ 289562d2 (and earlier, see module)"
 

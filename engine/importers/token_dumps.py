@@ -108,7 +108,7 @@ class TokenVocabulary:
 
 
 _STEP_SQL = """
-CREATE TEMP TABLE s AS
+CREATE TEMP VIEW s AS
 SELECT *, coalesce(list_position(loss_mask, true), len(token_ids) + 1) - 1 AS plen,
        coalesce('g' || CAST(group_index AS VARCHAR), 'p' || CAST(hash(token_ids[1:plen]) AS VARCHAR)) AS gkey
 FROM samples
