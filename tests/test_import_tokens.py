@@ -173,3 +173,14 @@ def test_a_dump_that_runs_code_when_unpickled_is_refused(tmp_path, capsys):
     assert report.imported == [] and "rollout_1.pt" in report.problems[0] and "weights_only" in report.problems[0]
     assert "pickle code ran" not in capsys.readouterr().out
     assert not (tmp_path / "logs" / "run").exists()  # nothing to import: no run
+
+
+@pytest.mark.parametrize("page", [None, "token_inspector", "groups", "replay", "algorithm_weighting", "token_stats"])
+def test_pages_render_an_imported_per_token_run_and_say_what_it_lacks(page, samples, tokenizer_dir, tmp_path,
+                                                                      monkeypatch):
+    from test_dashboard import open_page
+
+    import_run("prime-rl", write_prime_rl(tmp_path / "p", samples), tmp_path / "logs", "run", tokenizer_dir)
+    at = open_page(str(tmp_path / "logs"), page, monkeypatch, run="run", step=2, rollout=0)
+    shown = " ".join(str(x.value) for x in (*at.markdown, *at.caption, *at.info)).replace("\\", "")  # md escapes
+    assert "Imported from prime-rl dumps" in shown and "no optimisation passes" in shown
