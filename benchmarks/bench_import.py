@@ -60,7 +60,7 @@ def main() -> None:
     parser.add_argument("--tokens", type=int, default=1_000)
     parser.add_argument("--steps", type=int, default=10)
     args = parser.parse_args()
-    from engine.importers import import_run
+    from engine.importers import Importer
 
     work = Path(tempfile.mkdtemp(prefix="bench-import-"))
     try:
@@ -71,10 +71,14 @@ def main() -> None:
               f"JSONL, {rows:,} completion token rows ({time.perf_counter() - t0:.1f} s)")
         before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
         t0 = time.perf_counter()
-        report = import_run("prime-rl", work / "export", work / "logs", "bench")
+        importer = Importer("prime-rl", work / "export", work / "logs", "bench")
+        report = importer.poll()
+        polled = time.perf_counter() - t0
+        importer.close()  # merges the step folders into one chunk (RunWriter's compaction)
         seconds = time.perf_counter() - t0
         peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-        print(f"imported {len(report.imported)} steps in {seconds:.2f} s: {rows / seconds / 1e6:.2f} M token rows/s "
+        print(f"imported {len(report.imported)} steps in {seconds:.2f} s ({polled:.2f} s reading and writing the "
+              f"steps, {seconds - polled:.2f} s closing the run): {rows / seconds / 1e6:.3f} M token rows/s "
               f"({size / seconds / 1e6:.0f} MB/s of JSON); peak RSS {peak / 1024:.0f} MB "
               f"(+{(peak - before) / 1024:.0f} MB during the import)")
     finally:
