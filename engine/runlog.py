@@ -1219,10 +1219,10 @@ def _check_file(path: str, table: str) -> str | None:
 
 
 def _is_legacy(schema: pa.Schema, table: str) -> bool:
-    """Written before `_ADDED_COLUMNS` (or before the later of them, which are appended at the schema's end)."""
-    current, n = TABLE_SCHEMAS[table], len(schema)
-    return schema.equals(_LEGACY_SCHEMAS[table]) or (
-        len(_LEGACY_SCHEMAS[table]) < n < len(current) and schema.equals(pa.schema(list(current)[:n])))
+    """Written before some of `_ADDED_COLUMNS`: every older column, then some of the added ones, in schema order."""
+    remaining = iter(TABLE_SCHEMAS[table])
+    return (set(_LEGACY_SCHEMAS[table].names) <= set(schema.names)
+            and all(any(field.equals(current) for current in remaining) for field in schema))
 
 
 _LEGACY = "legacy"

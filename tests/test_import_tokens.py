@@ -184,3 +184,19 @@ def test_pages_render_an_imported_per_token_run_and_say_what_it_lacks(page, samp
     at = open_page(str(tmp_path / "logs"), page, monkeypatch, run="run", step=2, rollout=0)
     shown = " ".join(str(x.value) for x in (*at.markdown, *at.caption, *at.info)).replace("\\", "")  # md escapes
     assert "Imported from prime-rl dumps" in shown and "no optimisation passes" in shown
+
+
+def test_prime_rl_first_format_one_file_per_rank_for_every_step(samples, tmp_path):
+    """prime-rl e971d905 wrote token_exports/rank_<R>.jsonl for all steps, each line naming its step."""
+    folder = write_prime_rl(tmp_path / "new", samples)
+    old = tmp_path / "old" / "token_exports"
+    old.mkdir(parents=True)
+    for rank in (0, 1):
+        lines = [line for step in (1, 2) for line in
+                 (folder / "token_exports" / f"step_{step}" / f"rank_{rank}.jsonl").read_text().splitlines()]
+        (old / f"rank_{rank}.jsonl").write_text("\n".join(lines) + "\n")
+    report = import_run("prime-rl", tmp_path / "old", tmp_path / "logs", "run")
+    assert report.imported == [1, 2] and len(report.problems) == 1 and "rank_1.jsonl:" in report.problems[0]
+    with RunReader(tmp_path / "logs") as reader:
+        got = reader.sql("SELECT step, count(*) FROM tokens WHERE run = 'run' GROUP BY step ORDER BY step").values
+    assert got.tolist() == [[step, len(expected(samples, step))] for step in (1, 2)]

@@ -45,7 +45,7 @@ def _query(con, path: str, json_columns: dict[str, str], expressions: dict[str, 
     columns = "{" + ", ".join(f"'{k}': '{v}'" for k, v in json_columns.items()) + "}"
     source = (f"read_json(?, format = 'newline_delimited', columns = {columns}, "
               f"maximum_object_size = {MAX_LINE_BYTES})")
-    return con.execute(f"SELECT {samples_select(expressions)} FROM {source}", [path]).to_arrow_table()
+    return con.sql(f"SELECT {samples_select(expressions)} FROM {source}", params=[path]).to_arrow_table()
 
 
 def _all_valid(con, table: pa.Table) -> bool:

@@ -48,13 +48,11 @@ _PER_TOKEN = {"rollout_log_probs": "sampler_logp", "log_probs": "old_logp", "ref
 
 
 def _load(path: Path, ctx: ReadContext) -> dict | None:
-    import pickle
-
     import torch
 
     try:
         data = torch.load(path, map_location="cpu", weights_only=True)
-    except (pickle.UnpicklingError, RuntimeError, EOFError, OSError, ValueError) as err:
+    except Exception as err:  # untrusted bytes (UnpicklingError for code, RuntimeError for a bad zip...): skipped
         first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
         ctx.report.problems.append(f"{path.name}: not a dump torch.load(weights_only=True) can read ({first}); "
                                    "skipped")
@@ -66,11 +64,11 @@ def _load(path: Path, ctx: ReadContext) -> dict | None:
 
 
 def _kind(path: Path, data: dict) -> str | None:
-    if "rollout_data" in data:
+    if isinstance(data.get("rollout_data"), dict):
         return "train-v1"
-    if data.get("format_version") == 2:
+    if data.get("format_version") == 2 and isinstance(data.get("samples"), list):
         return "train-v2"
-    if "samples" in data:
+    if isinstance(data.get("samples"), list):
         return "eval" if "eval_" in path.name else "rollout"
     return None
 
@@ -162,6 +160,7 @@ def _row(sample: dict, match, position, raw_reward, rollout_name, ctx: ReadConte
     where = f"{train_name or rollout_name}: sample {position}"
     tokens = _as_list(train.get("tokens")) or _as_list(sample.get("tokens"))
     length = train.get("response_lengths", sample.get("response_length"))
+    length = length.item() if hasattr(length, "item") and getattr(length, "ndim", 0) == 0 else length
     if not tokens or not is_number(length) or not 0 < int(length) <= len(tokens):
         ctx.report.problems.append(f"{where}: no tokens or response length; sample skipped")
         return None
@@ -190,7 +189,8 @@ def _row(sample: dict, match, position, raw_reward, rollout_name, ctx: ReadConte
     if reward is None and raw_reward is not None and isinstance(position, int) and position < len(raw_reward):
         reward = raw_reward[position]
     if train.get("rewards") is not None:
-        components["normalised_reward"] = finite(train["rewards"])
+        normalised = train["rewards"]
+        components["normalised_reward"] = finite(normalised.item() if hasattr(normalised, "item") else normalised)
     status = str(sample.get("status", ""))
     row.update(group_index=sample.get("group_index"), reward=finite(reward),
                reward_components=json_or_none(components) if components else None,

@@ -98,7 +98,7 @@ class TokenVocabulary:
 
     def table_for(self, con: duckdb.DuckDBPyConnection) -> pa.Table:
         """id/text of every token id in the connection's `s` table (its samples)."""
-        ids = con.execute("SELECT DISTINCT unnest(token_ids) AS id FROM s").to_arrow_table().column("id").to_pylist()
+        ids = con.sql("SELECT DISTINCT unnest(token_ids) AS id FROM s").to_arrow_table().column("id").to_pylist()
         ids = [i for i in ids if i is not None]
         for i in ids:
             if i not in self.texts:
@@ -156,11 +156,11 @@ def step_tables(step: int, samples: pa.Table, ctx: ReadContext, vocabulary: Toke
             prompt = "coalesce(prompt_text, '<' || plen || ' token ids>')"
             completion = "coalesce(completion_text, '<' || (len(token_ids) - plen) || ' token ids>')"
             texts = "t AS (SELECT CAST(NULL AS BIGINT) AS rid WHERE false)"
-        rollouts = con.execute(_ROLLOUTS_SQL.format(texts=texts, prompt=prompt, completion=completion)
+        rollouts = con.sql(_ROLLOUTS_SQL.format(texts=texts, prompt=prompt, completion=completion)
                                ).to_arrow_table()
         fields = ", ".join([f"{quote('loss_mask')} := loss_mask"]
                            + [f"{quote(n[2:])} := {quote(n)}" for n in present])
-        tokens = con.execute(_TOKENS_SQL.format(
+        tokens = con.sql(_TOKENS_SQL.format(
             columns=", ".join(quote(n) for n in LIST_COLUMNS), extra=f"to_json(struct_pack({fields}))",
             unnests=", ".join(f"unnest({quote(n)}) AS {quote(n)}" for n in (*LIST_COLUMNS, *present)))).to_arrow_table()
         metrics = _step_metrics(con)
