@@ -15,7 +15,7 @@ import torch
 
 from engine.advantages import group_advantages
 from engine.cli import main
-from engine.importers import import_verl
+from engine.importers import import_run, import_verl
 from engine.runlog import RunLogError, RunReader
 
 PROMPTS = ["<|user|>2x+1=5<|assistant|>", "<|user|>3x=9<|assistant|>", "<|user|>x-4=0<|assistant|>"]
@@ -210,3 +210,19 @@ def test_follow_keeps_one_writer_and_reads_finished_between_looks(rollout_dir, t
         RunWriter.create, RunWriter.resume = real_create, real_resume
     assert opened == ["create"]  # one writer for the whole session, not one per look
     assert statuses == ["finished"] * 3
+
+
+def test_a_trl_row_without_its_completion_costs_only_that_row(tmp_path):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    folder = tmp_path / "out" / "completions"
+    folder.mkdir(parents=True)
+    rows = {"step": [1] * 4, "prompt": ["p", "p", "q", "q"], "completion": ["a", None, "c", "d"],
+            "accuracy": [1.0, 0.0, 1.0, 0.0], "advantage": [0.7, -0.7, 0.7, -0.7]}
+    pq.write_table(pa.table(rows), folder / "completions_00001.parquet")
+    report = import_run("trl", tmp_path / "out", tmp_path / "logs", "run")
+    assert report.imported == [1] and len(report.problems) == 1 and "row 2" in report.problems[0]
+    with RunReader(tmp_path / "logs") as reader:
+        assert reader.sql("SELECT completion FROM rollouts WHERE run = 'run' ORDER BY rollout_id")[
+            "completion"].tolist() == ["a", "c", "d"]
