@@ -225,7 +225,27 @@ def require_selection(need_step: bool = True) -> Selection:
     if need_step and selection.step is None:
         st.info(f"Run **{md(selection.run)}** has not logged any step yet. It will appear here once it does.")
         st.stop()
+    if (lacks := imported_lacks(selection.logs_dir, selection.run)) is not None:
+        st.caption(lacks)
     return selection
+
+
+@functools.lru_cache(maxsize=64)
+def imported_lacks(logs_dir: str, run: str) -> str | None:
+    """What a run imported from another trainer's dumps lacks (None for a run PolicyLens trained)."""
+    try:
+        source = (json.loads((Path(logs_dir) / run / "run.json").read_text()).get("config") or {}).get("import")
+    except (OSError, ValueError):
+        return None
+    if not isinstance(source, dict):
+        return None
+    name = md(str(source.get("source", "another trainer")))
+    logps = ("no log-probs (the dump holds text and rewards only; tokens only with --tokenizer)"
+             if name in ("trl", "verl") else "the sampler's and the trainer's log-probs per token, no reference "
+             "log-probs unless the dump had them")
+    return (f"Imported from {name} dumps: {logps}; no optimisation passes (no new log-prob, ratio, clip event, "
+            "gradient weight or token loss per pass), so Algorithm weighting recomputes every algorithm from the "
+            "logged log-probs and advantages, and Replay has nothing of the trainer's own to replay.")
 
 
 def show_error(what: str, error: Exception) -> None:

@@ -668,17 +668,24 @@ def run_demo(args: argparse.Namespace) -> int:
 IMPORT_EXAMPLES = """examples:
   policylens import trl runs/qwen-grpo --run-name qwen-grpo         (TRL output_dir, log_completions=True)
   policylens import verl ckpt/rollouts --run-name verl-gsm8k --tokenizer ~/models/qwen --follow
+  policylens import prime-rl outputs/ --tokenizer ~/models/qwen     (token_exports/step_<N>/rank_<R>.jsonl)
+  policylens import nemo-rl logs/exp_001 --tokenizer ~/models/qwen  (train_data_step<N>.jsonl)
+  policylens import slime debug/ --tokenizer ~/models/qwen          (--save-debug-rollout-data / -train-data)
 """
+IMPORT_SOURCES = ("trl", "verl", "prime-rl", "nemo-rl", "slime")  # = engine.importers.SOURCES (not imported here)
 
 
 def add_import_command(subparsers) -> None:
     parser = subparsers.add_parser(
-        "import", help="import the rollouts a TRL or verl run dumped into a run (again: only new steps)",
+        "import", help="import the rollouts or tokens another trainer dumped into a run (again: only new steps)",
         epilog=IMPORT_EXAMPLES, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("source", choices=["trl", "verl"], help="the trainer that wrote the folder")
-    parser.add_argument("folder", help="TRL: the output_dir (completions/ inside); verl: trainer.rollout_data_dir")
+    parser.add_argument("source", choices=IMPORT_SOURCES, help="the trainer that wrote the folder")
+    parser.add_argument("folder", help="TRL: the output_dir (completions/ inside); verl: trainer.rollout_data_dir; "
+                        "prime-rl: the output_dir (token_exports/ inside); nemo-rl: the log_dir; slime: the folder "
+                        "of the debug dumps")
     parser.add_argument("--run-name", help="the PolicyLens run to create or continue (default: the folder's name)")
-    parser.add_argument("--tokenizer", metavar="DIR", help="a local tokenizer folder: fills the tokens table")
+    parser.add_argument("--tokenizer", metavar="DIR", help="a local tokenizer folder: token texts (prime-rl, nemo-rl, "
+                        "slime), or the tokens table from the text (trl, verl)")
     parser.add_argument("--follow", action="store_true", help="keep importing new files until Ctrl-C")
     parser.add_argument("--interval", type=float, default=5.0, help="seconds between looks with --follow")
     _add_logs_dir(parser)

@@ -15,7 +15,7 @@ import torch
 
 from engine.advantages import group_advantages
 from engine.cli import main
-from engine.importers import import_verl
+from engine.importers import import_run, import_verl
 from engine.runlog import RunLogError, RunReader
 
 PROMPTS = ["<|user|>2x+1=5<|assistant|>", "<|user|>3x=9<|assistant|>", "<|user|>x-4=0<|assistant|>"]
@@ -119,11 +119,12 @@ def test_cli_imports_with_a_tokenizer_and_reports_problems(rollout_dir, tmp_path
 
 @pytest.mark.parametrize("page", [None, "token_inspector", "groups", "replay", "prm_steps", "algorithm_weighting"])
 def test_every_dashboard_page_renders_an_imported_run(rollout_dir, tmp_path, page, monkeypatch):
-    from tests.test_dashboard import open_page
+    from test_dashboard import open_page
 
     import_verl(rollout_dir, tmp_path / "logs", "verl-run")
     at = open_page(str(tmp_path / "logs"), page, monkeypatch, run="verl-run", step=2, rollout=0)
     shown = " ".join(str(x.value) for x in (*at.markdown, *at.caption, *at.info))
+    assert "Imported from verl dumps" in shown and "no optimisation passes" in shown  # what it lacks, on every page
     if page == "token_inspector":  # no tokens in a dump imported without --tokenizer: said why
         assert "imported" in shown and "never log-probs" in shown
     if page == "groups":
@@ -152,3 +153,76 @@ def test_follow_imports_new_files_once_they_stop_growing(rollout_dir, tmp_path):
     follow("verl", rollout_dir, tmp_path / "logs", "live", interval=0.05, on_report=reports.append, stop=rounds_done)
     assert [r.imported for r in reports] == [[1, 2], [3]]
     assert len(reports[0].problems) == 1 and reports[1].problems == []  # the damaged line is reported once
+
+
+def test_a_line_that_is_not_utf8_or_of_the_wrong_type_costs_only_itself(tmp_path):
+    folder = tmp_path / "rollouts"
+    folder.mkdir()
+    lines = [json.dumps(x).encode() for x in verl_lines(1, with_uid=True, seed=4)]
+    lines[3] = lines[3].replace(b'"x=', b'"\xe9x=')  # one latin-1 byte: not UTF-8
+    wrong = verl_lines(1, with_uid=True, seed=4)[5]
+    lines[5] = json.dumps({**wrong, "score": "high"}).encode()  # a wrong type in one column of one row
+    (folder / "1.jsonl").write_bytes(b"\n".join(lines) + b"\n")
+    report = import_verl(folder, tmp_path / "logs", "run")
+    assert report.imported == [1]
+    assert [p.split(": ")[0].rsplit("/", 1)[-1] for p in report.problems] == ["1.jsonl:4", "1.jsonl:6"]
+    with RunReader(tmp_path / "logs") as reader:
+        assert reader.sql("SELECT count(*) FROM rollouts WHERE run = 'run'").iloc[0, 0] == 10
+
+
+@pytest.mark.parametrize("source", ["verl", "trl"])
+def test_a_folder_without_dump_files_is_an_error_that_creates_nothing(source, tmp_path, capsys):
+    empty = tmp_path / "empty"
+    (empty / "completions").mkdir(parents=True)
+    assert main(["import", source, str(empty), "--logs-dir", str(tmp_path / "logs"), "--run-name", "r"]) == 2
+    assert "accepted" in capsys.readouterr().err
+    assert not (tmp_path / "logs" / "r").exists()
+
+
+def test_follow_keeps_one_writer_and_reads_finished_between_looks(rollout_dir, tmp_path):
+    import os
+    import time
+
+    from engine.importers import SETTLE_SECONDS, follow
+    from engine.runlog import RunWriter
+
+    old = time.time() - 10 * SETTLE_SECONDS
+    for path in rollout_dir.iterdir():
+        os.utime(path, (old, old))
+    opened, statuses = [], []
+    real_create, real_resume = RunWriter.create, RunWriter.resume
+
+    def counted(real):
+        def wrapper(*args, **kwargs):
+            opened.append(real.__name__)
+            return real(*args, **kwargs)
+        return wrapper
+
+    def look(report):
+        with RunReader(tmp_path / "logs") as reader:
+            statuses.append(reader.sql("SELECT status FROM runs WHERE run = 'live'").iloc[0, 0])
+
+    RunWriter.create, RunWriter.resume = counted(real_create), counted(real_resume)
+    try:
+        follow("verl", rollout_dir, tmp_path / "logs", "live", interval=0.01, on_report=look,
+               stop=lambda: len(statuses) >= 3)
+    finally:
+        RunWriter.create, RunWriter.resume = real_create, real_resume
+    assert opened == ["create"]  # one writer for the whole session, not one per look
+    assert statuses == ["finished"] * 3
+
+
+def test_a_trl_row_without_its_completion_costs_only_that_row(tmp_path):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    folder = tmp_path / "out" / "completions"
+    folder.mkdir(parents=True)
+    rows = {"step": [1] * 4, "prompt": ["p", "p", "q", "q"], "completion": ["a", None, "c", "d"],
+            "accuracy": [1.0, 0.0, 1.0, 0.0], "advantage": [0.7, -0.7, 0.7, -0.7]}
+    pq.write_table(pa.table(rows), folder / "completions_00001.parquet")
+    report = import_run("trl", tmp_path / "out", tmp_path / "logs", "run")
+    assert report.imported == [1] and len(report.problems) == 1 and "row 2" in report.problems[0]
+    with RunReader(tmp_path / "logs") as reader:
+        assert reader.sql("SELECT completion FROM rollouts WHERE run = 'run' ORDER BY rollout_id")[
+            "completion"].tolist() == ["a", "c", "d"]

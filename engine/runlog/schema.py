@@ -63,7 +63,10 @@ TABLE_SCHEMAS: dict[str, pa.Schema] = {
          # sampler_logp: its log-prob after the sampling transforms it applied (temperature, top-p / top-k
          # truncation renormalised); sampler_logp_full: the same token's log-prob before top-p / top-k truncation.
          # NULL when the producer had no sampler log-probs (and in runs logged before these columns).
-         ("sampler_logp", _F), ("sampler_logp_full", _F)]
+         ("sampler_logp", _F), ("sampler_logp_full", _F),
+         # Per-token fields of an imported run outside this schema (another trainer's loss mask, IS ratio,
+         # loss-component weights...), one JSON object per token; SQL reads them with `extra->>'loss_mask'`.
+         ("extra", _S)]
     ),
     "token_passes": pa.schema(
         [("run", _S), ("step", _I), ("pass", _I), ("rollout_id", _I), ("position", _I), ("new_logp", _F),
@@ -89,7 +92,7 @@ ADDED_COLUMNS: dict[str, tuple[str, ...]] = {
     "steps": ("value_loss", "value_clip_frac", "explained_variance", "critic_grad_norm", "critic_seconds",
               "critic_memory_mb", "advantage_mean", "advantage_std"),
     "rollouts": ("rank", "reward_components"),
-    "tokens": ("value", "return", "kl_reward", "sampler_logp", "sampler_logp_full"),
+    "tokens": ("value", "return", "kl_reward", "sampler_logp", "sampler_logp_full", "extra"),
 }
 
 RUNS_SCHEMA = pa.schema(

@@ -1,0 +1,202 @@
+"""`policylens import prime-rl|nemo-rl|slime`: per-token dumps, written by tests/token_dump_fixtures.py in each
+writer's format (the commits are cited there and in each fixture folder's SOURCE.md), imported and compared with
+every value the generator wrote."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+from token_dump_fixtures import (
+    expected,
+    make_samples,
+    train_tokenizer,
+    write_nemo_rl,
+    write_prime_rl,
+    write_slime,
+)
+
+from engine.cli import main
+from engine.importers import import_run
+from engine.runlog import RunLogError, RunReader
+
+WRITERS = {"prime-rl": write_prime_rl, "nemo-rl": write_nemo_rl, "slime": write_slime}
+# the framework fields each dump holds besides the contract columns (kept in tokens.extra)
+EXTRA = {"prime-rl": ("is_masked",), "nemo-rl": (), "slime": ("kl",)}
+COLUMNS = {"prime-rl": ("sampler_logp", "old_logp", "entropy", "advantage"),
+           "nemo-rl": ("sampler_logp", "old_logp", "advantage"),
+           "slime": ("sampler_logp", "old_logp", "entropy", "advantage", "ref_logp", "value", "return")}
+
+
+@pytest.fixture(scope="module")
+def tokenizer_dir(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("tokenizer")
+    train_tokenizer(folder)
+    return folder
+
+
+@pytest.fixture(scope="module")
+def samples(tokenizer_dir):
+    from transformers import AutoTokenizer
+
+    return make_samples(AutoTokenizer.from_pretrained(str(tokenizer_dir), local_files_only=True))
+
+
+def _order(source: str, samples, step: int) -> list[int]:
+    n = sum(s.step == step for s in samples)
+    if source == "prime-rl":  # rank 0's file (samples 0, 2, ...) is read before rank 1's
+        return [*range(0, n, 2), *range(1, n, 2)]
+    return list(range(n))
+
+
+def _tokens(reader, run, step):
+    return reader.sql("SELECT * FROM tokens WHERE run = ? AND step = ? ORDER BY rollout_id, position",
+                      [run, step]).to_dict("records")
+
+
+@pytest.mark.parametrize("source", list(WRITERS))
+def test_every_token_column_holds_what_the_dump_wrote(source, samples, tokenizer_dir, tmp_path):
+    from transformers import AutoTokenizer
+
+    from engine.rollout import TokenText
+
+    folder = WRITERS[source](tmp_path / source, samples)
+    report = import_run(source, folder, tmp_path / "logs", "run", tokenizer_dir)
+    assert report.imported == [1, 2]
+    text = TokenText(AutoTokenizer.from_pretrained(str(tokenizer_dir), local_files_only=True))
+    with RunReader(tmp_path / "logs") as reader:
+        for step in (1, 2):
+            want = expected(samples, step, _order(source, samples, step))
+            got = _tokens(reader, "run", step)
+            assert len(got) == len(want)
+            for g, w in zip(got, want, strict=True):
+                assert (g["rollout_id"], g["position"], g["token_id"]) == (w["rollout_id"], w["position"],
+                                                                           w["token_id"])
+                assert g["token_text"] == text.token(w["token_id"])
+                for column in COLUMNS[source]:
+                    assert g[column] == pytest.approx(w[column], abs=1e-12), column
+                for column in {"sampler_logp", "old_logp", "entropy", "ref_logp", "value", "return"} - set(
+                        COLUMNS[source]):
+                    assert g[column] is None or math.isnan(g[column]), column
+                extra = json.loads(g["extra"])
+                assert extra["loss_mask"] == w["loss_mask"]
+                for name in EXTRA[source]:
+                    assert extra[name] == pytest.approx(w[name]), name
+                if source == "prime-rl":  # not stored: derived from the two log-probs as prime-rl derives it
+                    assert "importance_ratio" not in extra
+                    assert math.exp(g["old_logp"] - g["sampler_logp"]) == pytest.approx(w["importance_ratio"])
+
+
+@pytest.mark.parametrize("source", list(WRITERS))
+def test_rollouts_groups_and_rewards(source, samples, tokenizer_dir, tmp_path):
+    folder = WRITERS[source](tmp_path / source, samples)
+    import_run(source, folder, tmp_path / "logs", "run", tokenizer_dir)
+    with RunReader(tmp_path / "logs") as reader:
+        rows = reader.sql("SELECT * FROM rollouts WHERE run = ? AND step = 2 ORDER BY rollout_id",
+                          ["run"]).to_dict("records")
+    step_samples = [s for s in samples if s.step == 2]
+    ordered = [step_samples[i] for i in _order(source, samples, 2)]
+    assert len(rows) == len(ordered) == 7
+    first_seen: dict[int, int] = {}
+    for row, s in zip(rows, ordered, strict=True):
+        if source == "prime-rl":  # its export holds no reward since 0be5ac45 (the fixture's format, 289562d2)
+            assert row["reward"] is None or math.isnan(row["reward"])
+        else:
+            assert row["reward"] == s.reward
+        assert row["length"] == len(s.token_ids) - s.prompt_len
+        assert row["advantage"] == pytest.approx(s.advantage[s.prompt_len])
+        first_seen.setdefault(s.group, len(first_seen))
+        assert row["group_id"] == first_seen[s.group]  # rebuilt from prompt tokens, or slime's group_index
+    tool = rows[[s.group for s in ordered].index(2)]
+    assert "calc(17*3)" in tool["completion"] and "<|tool|>51" in tool["completion"]
+    assert tool["prompt"].startswith("<|user|>use the calculator")
+
+
+def test_multi_turn_tool_tokens_stay_in_the_completion_with_their_mask(samples, tokenizer_dir, tmp_path):
+    folder = write_prime_rl(tmp_path / "p", samples)
+    import_run("prime-rl", folder, tmp_path / "logs", "run", tokenizer_dir)
+    tool = next(s for s in samples if s.group == 2)
+    with RunReader(tmp_path / "logs") as reader:
+        rid = reader.sql("SELECT rollout_id FROM rollouts WHERE run = 'run' AND step = 2 AND prompt LIKE "
+                         "'%calculator%'").iloc[0, 0]
+        masks = reader.sql("SELECT extra->>'loss_mask' AS m FROM tokens WHERE run = 'run' AND step = 2 AND "
+                           "rollout_id = ? ORDER BY position", [int(rid)])["m"].tolist()
+    assert masks == [str(m).lower() for m in tool.loss_mask[tool.prompt_len:]]
+    assert "false" in masks and masks[0] == "true"
+
+
+@pytest.mark.parametrize("source", list(WRITERS))
+def test_damage_costs_only_itself_and_non_training_files_are_left_out(source, samples, tmp_path):
+    folder = WRITERS[source](tmp_path / source, samples)
+    report = import_run(source, folder, tmp_path / "logs", "run")
+    where = {"prime-rl": "step_2/rank_1.jsonl:2", "nemo-rl": "train_data_step1.jsonl:3", "slime": "train_3_0.pt"}
+    assert any(where[source] in p for p in report.problems), report.problems
+    assert len(report.problems) == 1, report.problems
+    with RunReader(tmp_path / "logs") as reader:
+        counts = reader.sql("SELECT step, count(*) AS n FROM rollouts WHERE run = 'run' GROUP BY step "
+                            "ORDER BY step").values.tolist()
+        texts = reader.sql("SELECT token_text FROM tokens WHERE run = 'run' LIMIT 1").iloc[0, 0]
+    assert counts == [[1, 6], [2, 7]]  # every good sample; no validation or evaluation sample
+    assert texts.startswith("<") and texts.endswith(">")  # without --tokenizer: the id, said as such
+
+
+@pytest.mark.parametrize("source", list(WRITERS))
+def test_import_again_adds_nothing_and_an_empty_folder_creates_nothing(source, samples, tmp_path):
+    folder = WRITERS[source](tmp_path / source, samples)
+    import_run(source, folder, tmp_path / "logs", "run")
+    again = import_run(source, folder, tmp_path / "logs", "run")
+    assert again.imported == [] and again.already_there + len(again.problems) >= 0
+    with RunReader(tmp_path / "logs") as reader:
+        assert reader.sql("SELECT count(*) FROM rollouts WHERE run = 'run'").iloc[0, 0] == 13
+        assert reader.sql("SELECT status FROM runs WHERE run = 'run'").iloc[0, 0] == "finished"
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    with pytest.raises(RunLogError, match=r"expected|accepted"):
+        import_run(source, empty, tmp_path / "logs", "other")
+    assert not (tmp_path / "logs" / "other").exists()
+    assert main(["import", source, str(empty), "--logs-dir", str(tmp_path / "logs"), "--run-name", "x"]) == 2
+    assert not (tmp_path / "logs" / "x").exists()
+
+
+def test_a_dump_that_runs_code_when_unpickled_is_refused(tmp_path, capsys):
+    import pickle
+
+    class Payload:
+        def __reduce__(self):
+            return (print, ("pickle code ran",))
+
+    folder = tmp_path / "slime"
+    folder.mkdir()
+    (folder / "rollout_1.pt").write_bytes(pickle.dumps({"rollout_id": 1, "samples": [Payload()]}))
+    report = import_run("slime", folder, tmp_path / "logs", "run")
+    assert report.imported == [] and "rollout_1.pt" in report.problems[0] and "weights_only" in report.problems[0]
+    assert "pickle code ran" not in capsys.readouterr().out
+    assert not (tmp_path / "logs" / "run").exists()  # nothing to import: no run
+
+
+@pytest.mark.parametrize("page", [None, "token_inspector", "groups", "replay", "algorithm_weighting", "token_stats"])
+def test_pages_render_an_imported_per_token_run_and_say_what_it_lacks(page, samples, tokenizer_dir, tmp_path,
+                                                                      monkeypatch):
+    from test_dashboard import open_page
+
+    import_run("prime-rl", write_prime_rl(tmp_path / "p", samples), tmp_path / "logs", "run", tokenizer_dir)
+    at = open_page(str(tmp_path / "logs"), page, monkeypatch, run="run", step=2, rollout=0)
+    shown = " ".join(str(x.value) for x in (*at.markdown, *at.caption, *at.info)).replace("\\", "")  # md escapes
+    assert "Imported from prime-rl dumps" in shown and "no optimisation passes" in shown
+
+
+def test_prime_rl_first_format_one_file_per_rank_for_every_step(samples, tmp_path):
+    """prime-rl e971d905 wrote token_exports/rank_<R>.jsonl for all steps, each line naming its step."""
+    folder = write_prime_rl(tmp_path / "new", samples)
+    old = tmp_path / "old" / "token_exports"
+    old.mkdir(parents=True)
+    for rank in (0, 1):
+        lines = [line for step in (1, 2) for line in
+                 (folder / "token_exports" / f"step_{step}" / f"rank_{rank}.jsonl").read_text().splitlines()]
+        (old / f"rank_{rank}.jsonl").write_text("\n".join(lines) + "\n")
+    report = import_run("prime-rl", tmp_path / "old", tmp_path / "logs", "run")
+    assert report.imported == [1, 2] and len(report.problems) == 1 and "rank_1.jsonl:" in report.problems[0]
+    with RunReader(tmp_path / "logs") as reader:
+        got = reader.sql("SELECT step, count(*) FROM tokens WHERE run = 'run' GROUP BY step ORDER BY step").values
+    assert got.tolist() == [[step, len(expected(samples, step))] for step in (1, 2)]
