@@ -1,16 +1,19 @@
 # Two commands for a fresh clone (see README):
 #   make run    create .venv, install, train the demo runs (first time) and serve http://127.0.0.1:8501
 #   make test   create/update .venv, install, and run the whole test suite
+# Both install the versions the suite passed with (requirements.lock). Also:
+#   make test-latest   the newest versions pyproject.toml allows, in .venv-latest, and the browser tests there
+#   make lock          rewrite requirements.lock from .venv (after `make test` passed with new versions)
 PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: run test lint install
+.PHONY: run test lint install test-latest lock
 
 install: $(STAMP)
 
-$(STAMP): pyproject.toml scripts/install.sh
+$(STAMP): pyproject.toml requirements.lock scripts/install.sh
 	PYTHON=$(PYTHON) VENV=$(VENV) sh scripts/install.sh
 	touch $(STAMP)
 
@@ -23,3 +26,10 @@ test: $(STAMP)
 
 lint: $(STAMP)
 	$(BIN)/ruff check .
+
+test-latest:
+	PYTHON=$(PYTHON) sh scripts/test_latest.sh
+
+lock: $(STAMP)
+	{ sed -n '/^#/p' requirements.lock; $(BIN)/python -m pip freeze --exclude-editable | sed 's/+cpu$$//'; } > requirements.lock.new
+	mv requirements.lock.new requirements.lock

@@ -4,14 +4,17 @@
     python benchmarks/bench_browser.py --run bench-40x64x8x650 --repeat 5
 
 Serves the dashboard (`policylens dashboard` on a free loopback port) over `--logs-dir` and drives Debian's chromium
-with Playwright (set CHROMIUM for another binary). "Idle" is measured in the page: a MutationObserver records the
-time of the last change to the document; an action is done once Streamlit's running indicator is gone and nothing
-changed for `QUIET_MS`; its time is the last change minus the moment of the action. Measured, medians of
-`--repeat` (browser, server and DuckDB share the machine, as they would on a laptop):
+with Playwright (set CHROMIUM for another binary), through the widget driver of the browser tests
+(scripts/browser_widgets.py): an action is done once the server reported its script run finished, no run is under
+way, nothing is shown as loading, and the document did not change for a moment; its time is the document's last
+change minus the moment of the action. A page that shows an exception or an error box stops the benchmark (its
+figures would be those of the error page). Measured, medians of `--repeat` (browser, server and DuckDB share the
+machine, as they would on a laptop):
 - first load: a page opened in a new tab (new browser context), from navigation start; the very first one after
   the server started (imports) is reported on its own;
 - reload: the same tab reloaded;
-- interactions: choosing another rollout in the Token inspector, moving the Replay step by one.
+- interactions: every widget of every page changed in turn (another option, a key press on a slider, a click, a
+  new cell value), as the browser test does; the sidebar's run excepted.
 The run's middle step is used (a step inside the largest compacted chunk, not the small newest folder).
 Targets (issue 12): interaction < 0.5 s, first page < 3 s, reload < 1.5 s.
 """
@@ -22,72 +25,52 @@ import argparse
 import importlib.util
 import statistics
 import sys
-import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-QUIET_MS = 1000
 PAGES = {"runs": "", "replay": "replay", "groups": "groups", "tokens": "tokens", "prm steps": "prm",
-         "weighting": "weighting"}
-# Installed before any script of the page runs: the time of the latest change to the document.
-WATCH_MUTATIONS = """
-window.__lastChange = performance.now();
-new MutationObserver(() => { window.__lastChange = performance.now(); })
-    .observe(document, {subtree: true, childList: true, attributes: true, characterData: true});
-"""
+         "weighting": "weighting", "trajectories": "trajectories", "token stats": "token-stats",
+         "advantages": "advantages"}
 
 
-def _screenshots():
-    spec = importlib.util.spec_from_file_location("screenshots", ROOT / "scripts" / "screenshots.py")
+def _script(name: str):
+    spec = importlib.util.spec_from_file_location(name, ROOT / "scripts" / f"{name}.py")
     module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
     spec.loader.exec_module(module)
     return module
 
 
-def settle(page, since_ms: float, timeout_s: float = 120.0) -> float:
-    """Seconds from `since_ms` (page clock) to the last change, once the app is idle."""
-    deadline = time.monotonic() + timeout_s
-    page.wait_for_selector('[data-testid="stMainBlockContainer"] h1, [data-testid="stMainBlockContainer"] h2',
-                           timeout=timeout_s * 1000)
-    while time.monotonic() < deadline:
-        now, last, running = page.evaluate(
-            "() => [performance.now(), window.__lastChange,"
-            " document.querySelectorAll('[data-testid=\"stStatusWidget\"]').length > 0]")
-        if not running and now - last > QUIET_MS:
-            return (last - since_ms) / 1000
-        time.sleep(0.05)
-    raise TimeoutError("the page never became idle")
+widgets = _script("browser_widgets")
 
 
-def load(page, url: str) -> float:
+class PageError(RuntimeError):
+    """The page showed an exception or an error box: its timings would be those of the error."""
+
+
+def checked(page, watch, what: str) -> None:
+    problems = watch.take_problems() + widgets.page_problems(page)
+    if problems:
+        raise PageError(f"{what}: {problems}")
+
+
+def load(page, watch, url: str) -> float:
+    """Seconds from the navigation start to the page's last change, once idle."""
+    before = watch.count()
     page.goto(url, wait_until="commit")
-    return settle(page, 0.0)  # performance.now() counts from the navigation start
+    widgets.wait_idle(page, watch, before, quiet_ms=widgets.LOAD_QUIET_MS)
+    checked(page, watch, url)
+    return page.evaluate("window.__lastChange") / 1000  # performance.now() counts from the navigation start
 
 
-def reload(page) -> float:
+def reload(page, watch) -> float:
+    before = watch.count()
     page.reload(wait_until="commit")
-    return settle(page, 0.0)
-
-
-def act(page, action) -> float:
-    """Do `action` (e.g. a key press) and return the seconds until the page is drawn and idle."""
-    settle(page, 0.0)
-    started = page.evaluate("performance.now()")
-    action()
-    return settle(page, started)
-
-
-def choose_next_rollout(page) -> None:
-    box = page.locator('[data-testid="stMainBlockContainer"] [data-testid="stSelectbox"] input').first
-    box.click()
-    page.keyboard.press("ArrowDown")
-    page.keyboard.press("Enter")
-
-
-def move_replay_step(page, key: str) -> None:
-    page.locator('[data-testid="stMainBlockContainer"] [data-testid="stSlider"] input[type="range"]').first.press(key)
+    widgets.wait_idle(page, watch, before, quiet_ms=widgets.LOAD_QUIET_MS)
+    checked(page, watch, f"reload of {page.url}")
+    return page.evaluate("window.__lastChange") / 1000
 
 
 def server_memory_mb(port: int) -> float | None:
@@ -104,11 +87,14 @@ def server_memory_mb(port: int) -> float | None:
     return None
 
 
+RUN_PICKER = 'sidebar: stSelectbox "Run"'
+
+
 def measure(logs_dir: Path, run: str, step: int, rollout: int, repeat: int,
             pages: list[str]) -> dict[str, list[float]]:
     from playwright.sync_api import sync_playwright
 
-    screenshots = _screenshots()
+    screenshots = _script("screenshots")
     results: dict[str, list[float]] = {}
 
     def record(name: str, seconds: float) -> None:
@@ -118,21 +104,22 @@ def measure(logs_dir: Path, run: str, step: int, rollout: int, repeat: int,
     with screenshots.serve_dashboard(logs_dir, timeout=300) as url, sync_playwright() as playwright:
         browser = screenshots.launch_browser(playwright)
         query = f"run={run}&step={step}&rollout={rollout}"
-        for round_ in range(repeat):
+        for _ in range(repeat):
             for name, path in PAGES.items():
                 if name not in pages:
                     continue
                 context = browser.new_context(viewport={"width": 1400, "height": 1000})
-                context.add_init_script(WATCH_MUTATIONS)
                 page = context.new_page()
-                seconds = load(page, f"{url}/{path}?{query}")
+                watch = widgets.ServerWatch().attach(page)
+                seconds = load(page, watch, f"{url}/{path}?{query}")
                 record("first load, server just started" if not results else f"first load: {name}", seconds)
-                record(f"reload: {name}", reload(page))
-                if name == "tokens":
-                    record("choose another rollout", act(page, lambda page=page: choose_next_rollout(page)))
-                if name == "replay":
-                    key = "ArrowRight" if round_ % 2 == 0 else "ArrowLeft"
-                    record("move the replay step", act(page, lambda page=page, key=key: move_replay_step(page, key)))
+                record(f"reload: {name}", reload(page, watch))
+                # every widget of the page, changed in turn (not the run: that leaves the benchmark's run)
+                for widget, seconds, problems in widgets.change_every_widget(page, watch, {RUN_PICKER}):
+                    if problems:
+                        raise PageError(f"{name} / {widget}: {problems}")
+                    if "not changed" not in widget:
+                        record(f"{name}: {widget}", seconds)
                 context.close()
         browser.close()
         port = int(url.rsplit(":", 1)[1])

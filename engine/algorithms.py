@@ -86,6 +86,14 @@ class Objective:
     covariance: str | None = None
 
     @property
+    def loss_scales_with_advantage(self) -> bool:
+        """Whether each token's loss (value and gradient) is proportional to its advantage, so that a detached
+        weight on the advantage weighs the token's loss (the mismatch corrections, engine.corrections). Not DRO's
+        (its (log r)^2 penalty does not depend on the advantage), nor Clip-Cov's and KL-Cov's (which tokens they
+        select depends on the advantage through the covariance; verl weighs the loss after the selection)."""
+        return self.surrogate != "dro" and self.covariance is None
+
+    @property
     def sequence_level(self) -> bool:
         """One ratio per sequence (GSPO, GSPO-token, GMPO, LUSPO, VESPO): `policy_loss` reports it as `seq_ratio`."""
         return self.ratio_level != "token"

@@ -411,6 +411,12 @@ def loss_inputs(algo: str, config: CorrectionConfig, batch: BatchCorrection, adv
 
     if algo not in OBJECTIVES:
         raise ValueError(f"unknown algo {algo!r}; accepted: {', '.join(OBJECTIVES)}")
+    weighs = batch.weight is not None or config.off_policy_mask is not None
+    if weighs and not OBJECTIVES[algo].loss_scales_with_advantage:
+        accepted = ", ".join(name for name, entry in OBJECTIVES.items() if entry.loss_scales_with_advantage)
+        raise ValueError(f"importance weights and the off-policy mask weigh a token's loss through its advantage, "
+                         f"and {algo}'s loss is not proportional to the advantage; rejection "
+                         f"(--rollout-rs) works with every algorithm, weights with: {accepted}")
     on = mask.bool()
     adv = advantages.detach().to(logp.dtype)
     adv = adv[:, None].expand(on.shape) if adv.dim() == 1 else adv  # (B, T)

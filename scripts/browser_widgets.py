@@ -271,14 +271,14 @@ def change(page, widget: dict) -> bool:
 
 def change_every_widget(page, watch: ServerWatch, skip: set[str] = frozenset()):
     """Change every widget the page shows, one after the other, widgets that appear on the way included; yield
-    (widget name, seconds until idle, problems) for each. A change that raised a problem is followed by a reload of
-    the page, so the next widget starts from a working page."""
+    (widget name, seconds from the action to the page's last change once idle, problems) for each. A change that
+    raised a problem is followed by a reload of the page, so the next widget starts from a working page."""
     done = set(skip)
     url = page.url
     while todo := [w for w in find_widgets(page) if w["name"] not in done]:
         widget = todo[0]
         done.add(widget["name"])
-        before, started = watch.count(), time.monotonic()
+        before, started = watch.count(), page.evaluate("performance.now()")
         try:
             reruns = change(page, widget)
         except LookupError as reason:  # nothing else to choose (one option, disabled)
@@ -289,7 +289,8 @@ def change_every_widget(page, watch: ServerWatch, skip: set[str] = frozenset()):
             problems = watch.take_problems() + page_problems(page)
         except TimeoutError as error:
             problems = [str(error)]
-        yield widget["name"], time.monotonic() - started, problems
+        drawn = max(page.evaluate("window.__lastChange") - started, 0.0) / 1000
+        yield widget["name"], drawn, problems
         if problems:
             before = watch.count()
             page.goto(url)

@@ -1,5 +1,7 @@
 #!/bin/sh
-# Create the virtual environment and install PolicyLens with its test tools.
+# Create the virtual environment and install PolicyLens with its test tools, at the versions the suite passed with
+# (requirements.lock, as pip constraints). POLICYLENS_UNLOCKED=1 installs the newest versions pyproject.toml allows
+# instead (scripts/test_latest.sh does, in a separate environment).
 # torch is installed first, on its own: on a machine without an NVIDIA GPU we ask for the CPU build,
 # so that pip never pulls the multi-GB CUDA build. Set TORCH_SPEC / TORCH_INDEX_URL to choose yourself.
 set -eu
@@ -9,9 +11,15 @@ VENV=${VENV:-.venv}
 "$PYTHON" -c 'import sys; sys.exit(0 if sys.version_info >= (3, 10) else "PolicyLens needs Python 3.10 or newer, found " + sys.version.split()[0])'
 [ -x "$VENV/bin/python" ] || "$PYTHON" -m venv "$VENV"
 PIP="$VENV/bin/python -m pip --disable-pip-version-check"
+LOCK="$(dirname "$0")/../requirements.lock"
+if [ "${POLICYLENS_UNLOCKED:-0}" = 1 ]; then
+    CONSTRAINTS=""
+else
+    CONSTRAINTS="-c $LOCK"
+fi
 
 if ! "$VENV/bin/python" -c 'import torch' 2>/dev/null; then
-    TORCH_SPEC=${TORCH_SPEC:-torch==2.13.0}
+    TORCH_SPEC=${TORCH_SPEC:-$(grep '^torch==' "$LOCK")}
     if [ -z "${TORCH_INDEX_URL+x}" ] && ! command -v nvidia-smi >/dev/null 2>&1; then
         TORCH_INDEX_URL=https://download.pytorch.org/whl/cpu
     fi
@@ -23,10 +31,10 @@ if ! "$VENV/bin/python" -c 'import torch' 2>/dev/null; then
     fi
 fi
 # The test suite covers the TRL adapter, so the test environment has the `trl` extra too.
-$PIP install -e '.[dev,trl]'
+$PIP install $CONSTRAINTS -e '.[dev,trl]'
 # verl's own functions are the reference the tests compare the engine's loss rules and mismatch corrections
 # against (tests/verl_reference.py). They need only torch: --no-deps keeps Ray, vLLM and the rest out.
-$PIP install --no-deps verl==0.9.1
+$PIP install --no-deps $CONSTRAINTS verl==0.9.1
 # verl's wheel also installs its own top-level `tests` and `scripts` packages, which would shadow this project's
 # tests/ and scripts/ folders (`from tests.x import ...`): remove those files and their lines of verl's RECORD.
 "$VENV/bin/python" - <<'PY'

@@ -237,6 +237,12 @@ def test_gradient_weight_stays_exact_with_corrections(algo, config_name):
     config = CONFIGS[config_name]
     logp, old, sampler, advantages, mask, ref, entropy = loss_batch()
     batch = C.correct_batch(config, old, sampler, mask)
+    if not OBJECTIVES[algo].loss_scales_with_advantage:  # DRO, Clip-Cov, KL-Cov: a weight on A is not on the loss
+        with pytest.raises(ValueError, match=f"{algo}'s loss is not proportional"):
+            C.loss_inputs(algo, config, batch, advantages, logp, sampler, mask)
+        config = CorrectionConfig(rollout_rs=config.rollout_rs or "token_k1", rollout_rs_threshold=(
+            config.rollout_rs_threshold or "0.6_1.6"))  # rejection alone works with every algorithm
+        batch = C.correct_batch(config, old, sampler, mask)
     inputs = C.loss_inputs(algo, config, batch, advantages, logp, sampler, mask)
     out = policy_loss(algo, logp, old, inputs.advantages, inputs.mask, ref_logp=ref, entropy=entropy)
     (grad,) = torch.autograd.grad(out.loss, logp)
