@@ -6,9 +6,8 @@
 set -eu
 cd "$(dirname "$0")/.."
 VENV=${VENV:-.venv-latest}
-rm -f "$VENV/.installed"
+rm -rf "$VENV"  # a new environment: pip then takes the newest version of every package the ranges allow
 POLICYLENS_UNLOCKED=1 VENV="$VENV" PYTHON="${PYTHON:-python3}" sh scripts/install.sh
-"$VENV/bin/python" -m pip --disable-pip-version-check install --upgrade --upgrade-strategy eager -e '.[dev,trl]'
 "$VENV/bin/python" - <<'PY'
 import importlib.metadata
 
