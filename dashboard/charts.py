@@ -391,7 +391,7 @@ def token_as_text(text: str) -> str:
 
 def ref_class_curves(curves: pd.DataFrame, colours: dict[str, str] | None = None) -> go.Figure:
     """Mean log-prob of a whole reference solution per evaluation step, one colour per run, one dash per answer
-    class (`queries.ref_class_curves`)."""
+    class (`data.ref_class_curves`)."""
     colours = colours or run_colours(list(curves["run"].unique()))
     dashes = ["solid", "dot", "dash", "dashdot", "longdash"]
     classes = sorted(curves["answer_class"].astype(str).unique())
@@ -419,7 +419,7 @@ def ref_trajectory_heatmaps(trajectories: pd.DataFrame, at_step: int, marked: pd
     """One panel per run: evaluation steps x tokens of one reference solution, coloured by p(token).
 
     The row of the latest evaluation at or before `at_step` is outlined; the columns of `marked`
-    (`queries.most_changed_tokens`) are outlined in red and noted with their change of probability.
+    (`data.most_changed_tokens`) are outlined in red and noted with their change of probability.
     """
     runs = sorted(trajectories["run"].unique())
     heights = [len(trajectories.loc[trajectories["run"] == run, "step"].unique()) for run in runs]
@@ -487,7 +487,7 @@ def marked_token_lines(trajectories: pd.DataFrame, marked: pd.DataFrame, colours
 
 def entropy_bin_bars(bins: pd.DataFrame, n_bins: int, split: float) -> go.Figure:
     """Clip rate and share of |gradient weight| per within-response entropy-quantile bin, bars per run, with the
-    quantile `split` (ASPO's 80th percentile) drawn on both panels (`queries.entropy_bins`)."""
+    quantile `split` (ASPO's 80th percentile) drawn on both panels (`data.entropy_bins`)."""
     grid = Subplots(1, 2, ["clip rate (any clip, per token x pass)", "share of total |gradient weight|"],
                     hspace=0.08, vspace=0)
     colours = run_colours(list(bins["run"].unique()))

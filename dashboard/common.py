@@ -20,6 +20,7 @@ import numpy as np
 import pandas as pd
 import streamlit as st
 
+from dashboard.data import RunOverview
 from dashboard.tokens import is_missing, number, plain  # noqa: F401  (pages use them through common)
 
 LOGS_DIR_ENV = "POLICYLENS_LOGS_DIR"
@@ -199,16 +200,39 @@ def initial_value(state_key: str, url_key: str, cast, options: list, fallback):
 
 @dataclass(frozen=True)
 class Selection:
-    """The run and step chosen in the sidebar, with what pages need to know about the run."""
+    """The run and step chosen in the sidebar, with the run's row of the runs table parsed once (`info`, its
+    config included), so no page reads or parses it again."""
 
     logs_dir: str
-    run: str
+    info: RunOverview
     step: int | None
     steps: tuple[int, ...]
-    status: str
-    algorithm: str
-    task: str
-    version: tuple  # changes whenever the run gets a new step or status: keys run-wide caches
+
+    @property
+    def run(self) -> str:
+        return self.info.run
+
+    @property
+    def status(self) -> str:
+        return self.info.status
+
+    @property
+    def algorithm(self) -> str:
+        return self.info.algorithm
+
+    @property
+    def task(self) -> str:
+        return self.info.task
+
+    @property
+    def config(self) -> dict:
+        """The run's config ({} when none was logged or it is unreadable)."""
+        return self.info.config
+
+    @property
+    def version(self) -> tuple:
+        """Changes whenever the run gets a new step or status: keys run-wide caches."""
+        return self.info.version
 
 
 def current() -> Selection | None:

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pandas as pd
 import streamlit as st
 
-from dashboard import charts, common, queries, recompute
+from dashboard import charts, common, data, queries, recompute
 from dashboard.tokens import reasoning_steps_html
 
 # The worked PRM example: two solutions of 2x + 3 = 7 scored step by step, one right, one wrong from step 2 on.
@@ -27,11 +27,7 @@ st.header("PRM steps")
 def process_supervised_runs() -> list[str]:
     """The runs of the logs folder whose config says they were trained with process supervision."""
     table = common.load("the list of runs", queries.runs_table, logs)
-    found = []
-    for name, config in zip(table["run"], table["config"], strict=True):
-        if (queries.parsed_config(config) or {}).get("supervision") == "process" and name != run:
-            found.append(name)
-    return found
+    return [name for name in data.process_supervised_runs(table) if name != run]
 
 
 def offer_process_supervised_runs() -> None:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import streamlit as st
 
-from dashboard import charts, common, queries
+from dashboard import charts, common, data, queries
 
 selection = common.require_selection(need_step=False)
 logs = selection.logs_dir
@@ -49,7 +49,7 @@ else:
     st.plotly_chart(charts.metric_curves(steps, colours=charts.run_colours(names)), key="run_curves")
 
 st.subheader("Config differences")
-diff = queries.config_diff(table[table["run"].isin(compared)])
+diff = data.config_diff(table[table["run"].isin(compared)])
 if len(compared) < 2:
     st.caption("Select at least two runs to see where their configs differ.")
 elif diff.empty:

@@ -61,8 +61,9 @@ for key, value in (("rollout", rollout_id), ("channel", channel), ("pass", pass_
     common.set_url_value(key, value)
 
 # Built only when clicked (a callable), as the report embeds plotly's JavaScript (~5 MB).
-st.download_button("Download a report of this step", functools.partial(report.build_report, logs, run, step,
-                   rollout_id, channel), file_name=f"{run}-step{step}.html", mime="text/html", on_click="ignore",
+build = functools.partial(report.build_report, logs, run, step, rollout_id, channel, reader=queries.get_reader(logs))
+st.download_button("Download a report of this step", build, file_name=f"{run}-step{step}.html", mime="text/html",
+                   on_click="ignore",
                    icon=":material/download:", help="One HTML file with the run's curves and config, this step's "
                    "groups and this rollout token by token: it opens in any browser, without Python or a network. "
                    "Same as `policylens report RUN --step N --rollout ID`.")
