@@ -260,3 +260,42 @@ def test_latest_steps_within_a_token_budget():
     assert latest_steps_within(steps, tokens, 1000) == 0  # the whole run
     assert latest_steps_within(steps, tokens, 5) == 6  # the last step even when it alone is over the budget
     assert latest_steps_within(steps, {}, 5) == 0  # no lengths logged: nothing to bound by
+
+
+def test_the_selected_runs_row_is_parsed_once_with_its_config():
+    """The sidebar's selection carries the run's row of the runs table, config parsed (pages read
+    `selection.config`, none parses run.json or the runs table again); a missing task or algorithm reads as "",
+    a config that is not a JSON object as {} with `config_readable` False."""
+    from dashboard.common import Selection
+    from dashboard.data import run_overview
+
+    table = pd.DataFrame({
+        "run": ["a", "b"], "status": ["finished", "running"], "algorithm": ["ppo", None], "task": ["linear", None],
+        "model": ["tiny", None], "last_step": [7, None], "updated_at": ["t1", "t2"],
+        "config": ['{"scale_adv_by_std": false, "critic": {"lr": 0.001}}', "[1, 2]"],
+    })
+    a = run_overview(table, "a")
+    selection = Selection(logs_dir="logs", info=a, step=7, steps=tuple(range(8)))
+    assert (selection.run, selection.status, selection.algorithm, selection.task) == ("a", "finished", "ppo", "linear")
+    assert selection.config == {"scale_adv_by_std": False, "critic": {"lr": 0.001}} and a.config_readable
+    assert selection.version == ("a", "finished", 7, "t1")
+    b = run_overview(table, "b")
+    assert (b.algorithm, b.task, b.model, b.last_step) == ("", "", "", -1)
+    assert b.config == {} and not b.config_readable
+    assert run_overview(table, "c") is None
+
+
+def test_shared_sql_fragments_name_every_clip_code_once():
+    """The clip rates are one fragment named after engine.clip_codes; "these rollouts of a step" is one filter."""
+    from dashboard.data import clip_rates, of_rollouts, rollouts_of_step
+    from engine.clip_codes import CLIP_EVENTS, CLIP_NAMES
+
+    shown = clip_rates("p.clip", name=CLIP_NAMES.get)
+    assert shown.count("avg(") == len(CLIP_EVENTS)
+    for code in CLIP_EVENTS:
+        assert f'(p.clip = {code})' in shown and f'"{CLIP_NAMES[code]}"' in shown
+    assert of_rollouts("t") == ("t.run = $run AND t.step = $step AND t.rollout_id BETWEEN $first_id AND $last_id"
+                                " AND list_contains($ids, t.rollout_id)")
+    assert "list_contains" not in of_rollouts(listed=False)
+    assert rollouts_of_step("r", 3, (5, 2, 9)) == {"run": "r", "step": 3, "ids": [5, 2, 9], "first_id": 2,
+                                                   "last_id": 9}
