@@ -180,8 +180,21 @@ def token_channel_heatmap(tokens: pd.DataFrame, channel_names: list[str]) -> go.
         grid.axis(i, "y").update(showticklabels=True, side="right", tickfont={"size": 11})
         if i < n - 1:
             grid.axis(i, "x").update(showticklabels=False)
-    grid.axis(n - 1, "x").update(title={"text": "token position"})
+    # Ticks on whole positions only, each centred on its cell (a cell spans position ± 0.5): left to plotly, a short
+    # rollout gets ticks at 0, 0.5, 1, 1.5 with cells between them.
+    grid.axis(n - 1, "x").update(title={"text": "token position"}, tickmode="linear", tick0=0,
+                                 dtick=position_tick_step(len(tokens)))
     return grid.figure(height=70 + 30 * n, margin={"l": 10, "r": 150, "t": 10, "b": 40})
+
+
+def position_tick_step(positions: int, max_ticks: int = 40) -> int:
+    """The spacing of token-position ticks: every position when at most `max_ticks` fit, else the smallest of
+    2, 5, 10, 20, 50, ... that keeps the ticks within `max_ticks` (always whole positions)."""
+    step, factors = 1, (2, 2.5, 2)  # 1 -> 2 -> 5 -> 10 -> 20 -> 50 -> ...
+    while positions > step * max_ticks:
+        step = round(step * factors[0])
+        factors = factors[1:] + factors[:1]
+    return step
 
 
 def prm_advantage_line(tokens: pd.DataFrame, prm_steps: pd.DataFrame) -> go.Figure:

@@ -349,6 +349,19 @@ def step_whitening(reader, run: str, step: int) -> tuple[float, float] | None:
     return float(frame["advantage_mean"].iloc[0]), float(frame["advantage_std"].iloc[0])
 
 
+def as_loss_used(tokens: pd.DataFrame, whitening: tuple[float, float] | None) -> pd.DataFrame:
+    """Tokens of a step as its loss saw them. A critic run (`whitening` = the step's (mean, std) from
+    `step_whitening`) logs each token's GAE advantage before whitening, but its PPO loss, and so its clip decisions,
+    used (A - mean) / std (`engine.advantages.masked_whiten`; std already holds its epsilon): that goes into
+    `advantage`, and the logged value into `gae_advantage`. Without a critic the logged advantage is the loss's own
+    and the frame is returned as it is."""
+    if whitening is None or "advantage" not in tokens.columns:
+        return tokens
+    mean, std = whitening
+    logged = pd.to_numeric(tokens["advantage"], errors="coerce")
+    return tokens.assign(advantage=(logged - mean) / std, gae_advantage=logged)
+
+
 def train_tokens_per_step(reader, run: str) -> dict[int, int]:
     """Train tokens of each step: the sum of its train rollouts' lengths (0 where no length was logged)."""
     frame = reader.sql("SELECT step, coalesce(sum(length), 0) AS tokens FROM rollouts "

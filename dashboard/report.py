@@ -230,7 +230,8 @@ def _rollout(page: _Page, reader, run: str, step: int, rollout: pd.Series, chann
     rollout_id = int(rollout["rollout_id"])
     passes = data.rollout_passes(reader, run, step, rollout_id)
     pass_ = passes[-1] if passes else None
-    tokens = data.rollout_tokens(reader, run, step, (rollout_id,), pass_)
+    tokens = data.as_loss_used(data.rollout_tokens(reader, run, step, (rollout_id,), pass_),
+                               data.step_whitening(reader, run, step))
     where = (f"group {number(rollout['group_id'], '.0f')} #{number(rollout['index_in_group'], '.0f')}"
              if rollout["kind"] == "train" else f"eval prompt {number(rollout['prompt_id'], '.0f')}")
     page.add(f"<h2>Rollout {rollout_id}, token by token</h2>")

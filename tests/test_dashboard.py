@@ -691,3 +691,37 @@ def test_step_queries_on_hand_made_passes(tmp_path):
     assert not_in_pass["token_text"].tolist() == ["c", "d"] and not_in_pass["ratio"].isna().all()
     assert queries.update_count(logs, "hand", 0, (0, 1)) == 2
     assert queries.rollout_passes(logs, "hand", 0, 2) == [0, 1]
+
+
+def test_token_inspector_shows_a_critic_runs_advantage_as_its_loss_used_it(trained_ppo, trained, monkeypatch):
+    """A PPO run logs GAE advantages before whitening, but its loss (and every clip decision) used them whitened
+    with the step's statistics: the default "advantage" is the whitened one, the logged one is beside it, and the
+    legend says which. A run without a critic keeps its logged advantage and has no second channel."""
+    logs_dir, run = trained_ppo
+    step = last_step(logs_dir, run)
+    rollout = a_mixed_rollout(logs_dir, run, step)
+    at = open_page(logs_dir, "token_inspector", monkeypatch, run=run, step=step, rollout=rollout)
+    assert at.selectbox(key="channel").value == "advantage"
+    assert "GAE advantage before whitening" in at.selectbox(key="channel").options  # the options' labels
+    tokens = independent(logs_dir, "tokens", "WHERE run = ? AND step = ? AND rollout_id = ? ORDER BY position",
+                         [run, step, rollout])
+    stats = independent(logs_dir, "steps", "WHERE run = ? AND step = ?", [run, step]).iloc[0]
+    whitened = (tokens["advantage"] - stats["advantage_mean"]) / stats["advantage_std"]
+    values = dataframe(at, "token_text", "advantage", "gae_advantage")
+    np.testing.assert_allclose(values["advantage"].to_numpy(), whitened.to_numpy(), rtol=1e-9, atol=1e-12)
+    np.testing.assert_allclose(values["gae_advantage"].to_numpy(), tokens["advantage"].to_numpy(), rtol=1e-9)
+    body = at.get("html")[0].proto.body
+    assert "advantage (as the loss used it)" in body
+    assert any("whitened" in c.value and "as the PPO loss used it" in c.value for c in at.caption)
+    titles = [html.unescape(t) for t in re.findall(r'<span class="pl-token"[^>]* title="([^"]*)"', body)]
+    shown = [float(re.search(r"^advantage: (\S+)$", t, re.M).group(1)) for t in titles]
+    np.testing.assert_allclose(shown, whitened.to_numpy(), rtol=1e-3, atol=1e-6)  # hover values are 4 digits
+    # PPO-clip clips low only a token whose (whitened) advantage is negative, high only a positive one.
+    clips = [int(c) for c in re.findall(r'<span class="pl-token"[^>]* data-clip="(\d)"', body)]
+    assert all(a < 0 for a, c in zip(whitened, clips, strict=True) if c == CLIP_LOW)
+    assert all(a > 0 for a, c in zip(whitened, clips, strict=True) if c == CLIP_HIGH)
+
+    grpo_logs, grpo_run = trained
+    at = open_page(grpo_logs, "token_inspector", monkeypatch, run=grpo_run, step=last_step(grpo_logs, grpo_run))
+    assert "GAE advantage before whitening" not in at.selectbox(key="channel").options
+    assert "gae_advantage" not in dataframe(at, "token_text", "advantage").columns

@@ -285,17 +285,24 @@ def test_the_selected_runs_row_is_parsed_once_with_its_config():
     assert run_overview(table, "c") is None
 
 
-def test_shared_sql_fragments_name_every_clip_code_once():
-    """The clip rates are one fragment named after engine.clip_codes; "these rollouts of a step" is one filter."""
-    from dashboard.data import clip_rates, of_rollouts, rollouts_of_step
-    from engine.clip_codes import CLIP_EVENTS, CLIP_NAMES
 
-    shown = clip_rates("p.clip", name=CLIP_NAMES.get)
-    assert shown.count("avg(") == len(CLIP_EVENTS)
-    for code in CLIP_EVENTS:
-        assert f'(p.clip = {code})' in shown and f'"{CLIP_NAMES[code]}"' in shown
-    assert of_rollouts("t") == ("t.run = $run AND t.step = $step AND t.rollout_id BETWEEN $first_id AND $last_id"
-                                " AND list_contains($ids, t.rollout_id)")
-    assert "list_contains" not in of_rollouts(listed=False)
-    assert rollouts_of_step("r", 3, (5, 2, 9)) == {"run": "r", "step": 3, "ids": [5, 2, 9], "first_id": 2,
-                                                   "last_id": 9}
+@pytest.mark.parametrize("length", [1, 3, 12, 40, 41, 650])
+def test_token_heatmap_ticks_whole_positions_centred_on_their_cells(length):
+    """A short rollout gets one tick per token position; a long one whole-position ticks at most 40 of them. A
+    heatmap cell at x = i spans i ± 0.5, so a tick at a whole number is centred on its cell."""
+    tokens = pd.DataFrame({"position": range(length), "token_text": [f"t{i}" for i in range(length)],
+                           "advantage": np.linspace(-1, 1, length), "entropy": np.linspace(0, 2, length)})
+    figure = charts.token_channel_heatmap(tokens, ["advantage", "entropy"]).to_plotly_json()
+    layout = figure["layout"]
+    bottom = max((k for k in layout if k.startswith("xaxis")), key=lambda k: int(k[5:] or 1))
+    axis = layout[bottom]
+    assert axis["tickmode"] == "linear" and axis["tick0"] == 0
+    step = axis["dtick"]
+    assert isinstance(step, int) and step >= 1
+    ticks = list(range(0, length, step))
+    cells = [list(trace["x"]) for trace in figure["data"]]
+    assert all(c == list(range(length)) for c in cells)  # cell centres on whole positions
+    if length <= 40:
+        assert ticks == list(range(length))  # one tick per token position
+    else:
+        assert len(ticks) <= 40 and step in (2, 5, 10, 20, 50)
