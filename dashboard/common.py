@@ -94,6 +94,23 @@ def static_table(container, frame, formats: dict[str, str] | None = None, max_ro
     container.table(shown, hide_index=True)
 
 
+def dashed(frame: pd.DataFrame, formats: dict[str, str] | None = None) -> pd.DataFrame:
+    """A table for `st.dataframe` whose missing cells read "–" (as the README promises), not "None": a text column
+    with a missing value gets "–" there; a number column with one becomes text, its numbers formatted with
+    `formats[column]` (default 4 significant digits). Columns without a missing value are left as they are (numbers
+    stay numbers, sortable and formatted by the column config)."""
+    formats = formats or {}
+    out = frame.copy()
+    for name in frame.columns:
+        missing = frame[name].map(is_missing)
+        if not missing.any():
+            continue
+        spec = formats.get(name, ".4g")
+        out[name] = [("–" if gone else format(v, spec) if isinstance(v, numbers.Real) and not isinstance(v, bool)
+                      else str(v)) for v, gone in zip(frame[name], missing, strict=True)]
+    return out
+
+
 def latest_steps_within(steps: list[int], tokens_per_step: dict[int, int], budget: int) -> int:
     """The first of the latest `steps` whose tokens add up to at most `budget` (the last step at least)."""
     first, total = steps[-1], 0

@@ -725,3 +725,51 @@ def test_token_inspector_shows_a_critic_runs_advantage_as_its_loss_used_it(train
     at = open_page(grpo_logs, "token_inspector", monkeypatch, run=grpo_run, step=last_step(grpo_logs, grpo_run))
     assert "GAE advantage before whitening" not in at.selectbox(key="channel").options
     assert "gae_advantage" not in dataframe(at, "token_text", "advantage").columns
+
+
+@pytest.fixture(scope="module")
+def uncorrected_logs(tmp_path_factory):
+    """A run logged without a correctness column and without a task (as a TRL run or an import is): group 0's
+    rewards all 0, group 1's all 1, group 2's mixed; no answer, no filter reason."""
+    from engine.runlog import RunWriter
+
+    logs = tmp_path_factory.mktemp("uncorrected") / "logs"
+    rewards = {0: [0.0, 0.0, 0.0], 1: [1.0, 1.0, 1.0], 2: [0.0, 1.0, 0.5]}
+    ids = [(g, i) for g in rewards for i in range(3)]
+    with RunWriter.create(logs, "trl-like", algorithm="grpo", config={}, background=False) as writer:
+        writer.log_step(0, rollouts={
+            "rollout_id": list(range(len(ids))), "group_id": [g for g, _ in ids], "index_in_group": [i for _, i in ids],
+            "kind": ["train"] * len(ids), "prompt": [f"prompt {g}" for g, _ in ids],
+            "completion": [f"completion {g}.{i}" for g, i in ids], "reward": [rewards[g][i] for g, i in ids],
+            "advantage": [0.0] * 6 + [-1.0, 1.0, 0.0], "length": [2] * len(ids)},
+            tokens={"rollout_id": list(range(len(ids))), "position": [0] * len(ids),
+                    "token_text": ["x"] * len(ids), "old_logp": [-1.0] * len(ids), "advantage": [0.0] * len(ids)})
+    return str(logs)
+
+
+def test_groups_without_correctness_take_their_outcome_from_the_rewards(uncorrected_logs, monkeypatch):
+    at = open_page(uncorrected_logs, "groups", monkeypatch, run="trl-like", step=0)
+    shown = dataframe(at, "group_id", "reward_mean", "outcome").set_index("group_id")
+    assert shown["outcome"].to_dict() == {0: "no signal", 1: "no signal", 2: "mixed"}
+    assert any("no signal" in c.value and "no correctness" in c.value for c in at.caption)
+    # Left-out values read as the README promises, not "None".
+    for column in ("answer", "accuracy", "filter_reason"):
+        assert shown[column].tolist() == ["–"] * 3, (column, shown[column].tolist())
+    at.multiselect[0].set_value(["no signal"]).run()
+    assert sorted(dataframe(at, "group_id", "outcome")["group_id"]) == [0, 1]
+    # The same outcome labels the Algorithm weighting page's group picker, which opens on the group with signal.
+    at = open_page(uncorrected_logs, "algorithm_weighting", monkeypatch, run="trl-like", step=0)
+    picker = at.selectbox(key="weigh_group")
+    assert picker.options == ["group 0 · no signal", "group 1 · no signal", "group 2 · mixed"]
+    assert picker.value == 2
+
+
+def test_sidebar_names_only_what_a_run_has(uncorrected_logs, trained, monkeypatch):
+    """A run without a task reads "grpo · logs: ...", not "grpo ·  · logs"."""
+    at = open_page(uncorrected_logs, None, monkeypatch, run="trl-like")
+    captions = [c.value for c in at.sidebar.caption if "logs:" in c.value]
+    assert len(captions) == 1 and captions[0].startswith("grpo · logs: "), captions
+    logs_dir, run = trained
+    at = open_page(logs_dir, None, monkeypatch, run=run)
+    captions = [c.value for c in at.sidebar.caption if "logs:" in c.value]
+    assert len(captions) == 1 and captions[0].count(" · ") == 2, captions  # algorithm · task · logs
