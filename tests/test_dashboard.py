@@ -773,3 +773,42 @@ def test_sidebar_names_only_what_a_run_has(uncorrected_logs, trained, monkeypatc
     at = open_page(logs_dir, None, monkeypatch, run=run)
     captions = [c.value for c in at.sidebar.caption if "logs:" in c.value]
     assert len(captions) == 1 and captions[0].count(" · ") == 2, captions  # algorithm · task · logs
+
+
+def test_prm_steps_page_is_drawn_before_torch_is_needed(trained_prm):
+    """The first visit of PRM steps in a fresh server waited seconds for torch before anything was drawn. With
+    torch made unimportable, everything but the sandbox's numbers is still drawn (the logged view and the
+    sandbox's table), so nothing before the sandbox waits for it; the sandbox says why it has no numbers."""
+    import subprocess
+    import sys
+    import textwrap
+
+    logs_dir, run = trained_prm
+    script = textwrap.dedent(f"""
+        import json, os, sys
+
+        class NoTorch:
+            def find_spec(self, name, path=None, target=None):
+                if name == "torch" or name.startswith("torch."):
+                    raise ImportError("torch is not importable in this test")
+
+        sys.meta_path.insert(0, NoTorch())
+        from streamlit.testing.v1 import AppTest
+        os.environ["POLICYLENS_LOGS_DIR"] = {logs_dir!r}
+        at = AppTest.from_file({APP!r}, default_timeout={TIMEOUT})
+        at.query_params["run"] = {run!r}
+        at.run()
+        at.switch_page("app_pages/prm_steps.py").run()
+        print(json.dumps({{
+            "exceptions": [e.message for e in at.exception], "headers": [h.value for h in at.header],
+            "subheaders": [h.value for h in at.subheader], "html": len(at.get("html")),
+            "charts": [c.proto.id for c in at.get("plotly_chart")], "errors": [e.value for e in at.error],
+            "torch": "torch" in sys.modules}}))
+    """)
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=10 * TIMEOUT)
+    assert done.returncode == 0, done.stderr[-3000:]
+    page = json.loads(done.stdout.strip().splitlines()[-1])
+    assert page["exceptions"] == [] and page["headers"] == ["PRM steps"] and not page["torch"], page
+    assert page["html"] >= 1 and any("group_step_rewards" in c for c in page["charts"]), page  # the logged view
+    assert any(s.startswith("Sandbox") for s in page["subheaders"]), page
+    assert len(page["errors"]) == 1 and "torch is not importable" in page["errors"][0], page
