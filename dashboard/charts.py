@@ -34,6 +34,11 @@ CURVE_METRICS: list[tuple[str, str]] = [
     ("explained_variance", "explained variance (critic)"),
 ]
 
+# Shares of answers: drawn on 0..1 whatever the points (plotly pads a single point to ±1 around it: an accuracy axis
+# from -1 to 1), with a margin so points at 0 and 1 are not cut by the frame.
+FRACTION_METRICS = {"heldout_accuracy", "accuracy"}
+FRACTION_RANGE = [-0.04, 1.04]
+
 CLIP_COLOURS = {CLIP_NONE: "rgba(0,0,0,0)", CLIP_LOW: "#1f77b4", CLIP_HIGH: "#d62728", CLIP_CAP: "#9467bd"}
 PALETTE = qualitative.Plotly + qualitative.D3
 
@@ -110,11 +115,13 @@ def metric_curves(
     upto_step: int | None = None,
     x_range: tuple[float, float] | None = None,
     colours: dict[str, str] | None = None,
+    smoothing: float = 0.0,
 ) -> go.Figure:
     """Small multiples of per-step metrics, one line per run.
 
     `upto_step` cuts the curves at a step (the Replay page grows them); `x_range` keeps the axis fixed meanwhile.
-    Metrics that are entirely missing are skipped.
+    Metrics that are entirely missing are skipped. `smoothing` > 0 draws each curve smoothed by `ema_smoothed`
+    with that weight over its raw points, drawn faint (0: the raw curves only).
     """
     metrics = [(col, title) for col, title in metrics if col in steps.columns and steps[col].notna().any()]
     rows, cols = _grid(len(metrics))
@@ -133,17 +140,36 @@ def metric_curves(
         values = pd.to_numeric(steps[col], errors="coerce").to_numpy(dtype=float)
         for run, in_run in by_run:
             keep = in_run & np.isfinite(values)
-            grid.add(i, {
-                "type": "scatter", "x": step_column[keep], "y": values[keep],
-                "name": run, "legendgroup": run, "showlegend": i == 0,
-                "mode": "lines+markers" if keep.sum() < 40 else "lines",
-                "line": {"color": colours.get(run)}, "marker": {"size": 4},
-                "hovertemplate": f"{run}<br>step %{{x}}<br>{col} %{{y:.4g}}<extra></extra>",
-            })
+            line = {"type": "scatter", "x": step_column[keep], "y": values[keep], "name": run, "legendgroup": run,
+                    "showlegend": i == 0, "mode": "lines+markers" if keep.sum() < 40 else "lines",
+                    "line": {"color": colours.get(run)}, "marker": {"size": 4},
+                    "hovertemplate": f"{run}<br>step %{{x}}<br>{col} %{{y:.4g}}<extra></extra>"}
+            if smoothing > 0:
+                faint = {k: v for k, v in line.items() if k != "hovertemplate"}
+                grid.add(i, {**faint, "showlegend": False, "opacity": 0.25, "hoverinfo": "skip", "mode": "lines"})
+                line.update(y=ema_smoothed(values[keep], smoothing), mode="lines",
+                            hovertemplate=f"{run}<br>step %{{x}}<br>{col} (smoothed) %{{y:.4g}}<extra></extra>")
+            grid.add(i, line)
         # Steps are integers: with few of them, one tick per step (plotly would otherwise tick at 0.5).
         grid.axis(i, "x").update({"dtick": 1} if few_steps else {}, **({"range": list(x_range)} if x_range else {}))
+        if col in FRACTION_METRICS:
+            grid.axis(i, "y").update(range=FRACTION_RANGE)
     return grid.figure(height=max(260, 230 * rows), margin={"l": 40, "r": 10, "t": 50, "b": 30},
                        legend={"orientation": "h", "y": 1.0 + 0.1 / rows, "yanchor": "bottom"})
+
+
+def ema_smoothed(values: np.ndarray, weight: float) -> np.ndarray:
+    """TensorBoard's (and W&B's) curve smoothing: an exponential moving average with weight `weight` in [0, 1),
+    debiased so the first points are not pulled towards 0: s_n = m_n / (1 - weight^n), m_n = weight m_(n-1) +
+    (1 - weight) x_n, m_0 = 0 (tensorflow/tensorboard, tensorboard/components/vz_line_chart2/line-chart.ts,
+    resmoothDataset, commit 34877f15153e1a2087316b9952c931807a122aa7). `values`: (N,) finite, in step order."""
+    if not 0 <= weight < 1:
+        raise ValueError(f"smoothing weight {weight!r}; accepted: 0 <= weight < 1")
+    smoothed, last = np.empty(len(values)), 0.0
+    for n, value in enumerate(values, start=1):
+        last = weight * last + (1 - weight) * float(value)
+        smoothed[n - 1] = last / (1 - weight**n)
+    return smoothed
 
 
 def step_distributions(rollouts: pd.DataFrame, title_suffix: str = "") -> go.Figure:

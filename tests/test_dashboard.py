@@ -812,3 +812,26 @@ def test_prm_steps_page_is_drawn_before_torch_is_needed(trained_prm):
     assert page["html"] >= 1 and any("group_step_rewards" in c for c in page["charts"]), page  # the logged view
     assert any(s.startswith("Sandbox") for s in page["subheaders"]), page
     assert len(page["errors"]) == 1 and "torch is not importable" in page["errors"][0], page
+
+
+def test_runs_page_smooths_the_curves_only_when_asked(trained, monkeypatch):
+    logs_dir, run = trained
+    at = open_page(logs_dir, None, monkeypatch)
+    assert at.slider(key="run_smoothing").value == 0.0  # off by default
+    steps = independent(logs_dir, "steps", "WHERE run = ? ORDER BY step", [run]).dropna(subset=["reward_mean"])
+
+    def reward_lines(at):
+        spec = plotly_spec(at, "run_curves")
+        return [t for t in spec["data"] if t["name"] == run and t.get("xaxis", "x") == "x"]
+
+    (line,) = reward_lines(at)
+    np.testing.assert_allclose(array(line["y"]), steps["reward_mean"], rtol=1e-9)
+    at.slider(key="run_smoothing").set_value(0.6).run()
+    assert not at.exception
+    raw, smooth = reward_lines(at)
+    np.testing.assert_allclose(array(raw["y"]), steps["reward_mean"], rtol=1e-9)
+    expected, last = [], 0.0
+    for n, value in enumerate(steps["reward_mean"], start=1):  # TensorBoard's debiased moving average, by hand
+        last = 0.6 * last + 0.4 * value
+        expected.append(last / (1 - 0.6**n))
+    np.testing.assert_allclose(array(smooth["y"]), expected, rtol=1e-9)

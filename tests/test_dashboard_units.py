@@ -306,3 +306,28 @@ def test_token_heatmap_ticks_whole_positions_centred_on_their_cells(length):
         assert ticks == list(range(length))  # one tick per token position
     else:
         assert len(ticks) <= 40 and step in (2, 5, 10, 20, 50)
+
+
+def test_ema_smoothing_is_tensorboards_debiased_average():
+    """Worked by hand with weight 0.5 on 1, 0, 0: m = 0.5, 0.25, 0.125; debiased by 1 - 0.5^n = 0.5, 0.75, 0.875."""
+    np.testing.assert_allclose(charts.ema_smoothed(np.array([1.0, 0.0, 0.0]), 0.5), [1.0, 1 / 3, 0.125 / 0.875])
+    values = np.array([0.3, -1.0, 2.5])
+    np.testing.assert_array_equal(charts.ema_smoothed(values, 0.0), values)  # weight 0: no smoothing
+    np.testing.assert_allclose(charts.ema_smoothed(np.full(5, 0.7), 0.9), 0.7)  # a constant stays itself
+    with pytest.raises(ValueError, match="0 <= weight < 1"):
+        charts.ema_smoothed(values, 1.0)
+
+
+def test_metric_curves_smooth_on_request_and_keep_accuracy_on_zero_to_one():
+    steps = pd.DataFrame({"run": ["a"] * 3, "step": [0, 1, 2], "reward_mean": [1.0, 0.0, 0.0],
+                          "heldout_accuracy": [np.nan, 0.5, np.nan]})
+    metrics = [("reward_mean", "reward"), ("heldout_accuracy", "acc")]
+    plain = charts.metric_curves(steps, metrics)
+    assert len(plain.data) == 2 and list(plain.data[0].y) == [1.0, 0.0, 0.0]  # off: the raw curves only
+    smoothed = charts.metric_curves(steps, metrics, smoothing=0.5)
+    raw, line = smoothed.data[0], smoothed.data[1]
+    assert list(raw.y) == [1.0, 0.0, 0.0] and raw.opacity < 1 and not raw.showlegend
+    np.testing.assert_allclose(line.y, [1.0, 1 / 3, 0.125 / 0.875])
+    # One evaluated step: the accuracy axis spans 0..1 (plotly alone pads a lone point to ±1 around it).
+    low, high = plain.layout.yaxis2.range
+    assert -0.1 < low < 0 and 1 < high < 1.1

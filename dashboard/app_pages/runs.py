@@ -46,7 +46,11 @@ steps = common.load("the step metrics", queries.run_steps, logs, tuple(sorted(co
 if steps.empty:
     st.info("The selected runs have not logged any step yet.")
 else:
-    st.plotly_chart(charts.metric_curves(steps, colours=charts.run_colours(names)), key="run_curves")
+    smoothing = st.slider("Smoothing", 0.0, 0.99, 0.0, 0.01, key="run_smoothing",
+                          help="exponential moving average of each curve, debiased as in TensorBoard and W&B; 0: off. "
+                          "The raw points stay drawn, faint.")
+    st.plotly_chart(charts.metric_curves(steps, colours=charts.run_colours(names), smoothing=smoothing),
+                    key="run_curves")
 
 st.subheader("Config differences")
 diff = data.config_diff(table[table["run"].isin(compared)])
