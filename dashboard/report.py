@@ -170,7 +170,9 @@ def build_report(logs_dir: str, run: str, step: int | None = None, rollout_id: i
     """
     if channel not in CHANNELS:
         raise ReportError(f"unknown channel {channel!r}; channels: {', '.join(CHANNELS)}")
-    reader = reader if reader is not None else data.open_reader(logs_dir)
+    if reader is None:
+        with data.open_reader(logs_dir) as own:
+            return build_report(logs_dir, run, step, rollout_id, channel, reader=own)
     info = _run_row(reader, logs_dir, run)
     step = _choose_step(reader, run, step)
     steps = data.run_steps(reader, (run,))

@@ -120,7 +120,10 @@ def sandbox() -> None:
             from dashboard import recompute  # torch: imported once the rest of the page is on screen
 
             advantages, normalized = recompute.process_sandbox(step_rewards, step_lengths)
-    except (ValueError, ImportError) as error:
+    except ImportError as error:  # torch missing or broken: the rest of the page is already there
+        st.error(f"The sandbox needs torch (engine.advantages), which could not be imported: {common.md(error)}")
+        return
+    except ValueError as error:
         st.error(f"process_advantages refused these rewards: {common.md(error)}")
         return
     st.dataframe(
