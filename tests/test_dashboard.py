@@ -226,6 +226,10 @@ def test_replay_follows_an_eval_prompt_across_steps(trained, monkeypatch):
         at.toggle(key="replay_playing").set_value(True).run()
         assert not at.exception
         assert at.session_state["replay_step"] == int(steps[1])
+        # Playing on the last step stops the play (its toggle was set after being drawn: an exception).
+        at.select_slider(key="replay_step").set_value(int(steps[-1])).run()
+        assert not at.exception, [e.message for e in at.exception]
+        assert at.session_state["replay_playing"] is False and at.session_state["replay_step"] == int(steps[-1])
 
 
 def test_prm_page_shows_logged_step_rewards_and_the_worked_example_sandbox(trained_prm, monkeypatch):

@@ -24,6 +24,10 @@ if problem:
 st.session_state["replay_step"] = at
 
 controls = st.columns([1, 2, 5])
+# The end of the steps stops the play: asked for by the panel below, done here, before the toggle exists in this run
+# (a widget's value cannot be set once the widget is drawn in the same run).
+if st.session_state.pop("_replay_reached_end", False):
+    st.session_state["replay_playing"] = False
 playing = controls[0].toggle("Play", key="replay_playing", disabled=len(steps) < 2)
 speed = controls[1].selectbox("Speed", list(SPEEDS), index=1, key="replay_speed", label_visibility="collapsed")
 
@@ -36,7 +40,7 @@ def replay_panel() -> None:
         if position + 1 < len(steps):
             st.session_state["replay_step"] = steps[position + 1]
         else:  # reached the end: stop the timer (a full rerun redefines the fragment without run_every)
-            st.session_state["replay_playing"] = False
+            st.session_state["_replay_reached_end"] = True
             st.rerun()
     step = st.select_slider("Step", steps, key="replay_step") if len(steps) > 1 else steps[0]
     common.set_url_value("at", step)
