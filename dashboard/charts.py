@@ -34,6 +34,11 @@ CURVE_METRICS: list[tuple[str, str]] = [
     ("explained_variance", "explained variance (critic)"),
 ]
 
+# Shares of answers: drawn on 0..1 whatever the points (plotly pads a single point to ±1 around it: an accuracy axis
+# from -1 to 1), with a margin so points at 0 and 1 are not cut by the frame.
+FRACTION_METRICS = {"heldout_accuracy", "accuracy"}
+FRACTION_RANGE = [-0.04, 1.04]
+
 CLIP_COLOURS = {CLIP_NONE: "rgba(0,0,0,0)", CLIP_LOW: "#1f77b4", CLIP_HIGH: "#d62728", CLIP_CAP: "#9467bd",
                 CLIP_COV: "#ff7f0e"}
 PALETTE = qualitative.Plotly + qualitative.D3
@@ -111,11 +116,13 @@ def metric_curves(
     upto_step: int | None = None,
     x_range: tuple[float, float] | None = None,
     colours: dict[str, str] | None = None,
+    smoothing: float = 0.0,
 ) -> go.Figure:
     """Small multiples of per-step metrics, one line per run.
 
     `upto_step` cuts the curves at a step (the Replay page grows them); `x_range` keeps the axis fixed meanwhile.
-    Metrics that are entirely missing are skipped.
+    Metrics that are entirely missing are skipped. `smoothing` > 0 draws each curve smoothed by `ema_smoothed`
+    with that weight over its raw points, drawn faint (0: the raw curves only).
     """
     metrics = [(col, title) for col, title in metrics if col in steps.columns and steps[col].notna().any()]
     rows, cols = _grid(len(metrics))
@@ -134,17 +141,36 @@ def metric_curves(
         values = pd.to_numeric(steps[col], errors="coerce").to_numpy(dtype=float)
         for run, in_run in by_run:
             keep = in_run & np.isfinite(values)
-            grid.add(i, {
-                "type": "scatter", "x": step_column[keep], "y": values[keep],
-                "name": run, "legendgroup": run, "showlegend": i == 0,
-                "mode": "lines+markers" if keep.sum() < 40 else "lines",
-                "line": {"color": colours.get(run)}, "marker": {"size": 4},
-                "hovertemplate": f"{run}<br>step %{{x}}<br>{col} %{{y:.4g}}<extra></extra>",
-            })
+            line = {"type": "scatter", "x": step_column[keep], "y": values[keep], "name": run, "legendgroup": run,
+                    "showlegend": i == 0, "mode": "lines+markers" if keep.sum() < 40 else "lines",
+                    "line": {"color": colours.get(run)}, "marker": {"size": 4},
+                    "hovertemplate": f"{run}<br>step %{{x}}<br>{col} %{{y:.4g}}<extra></extra>"}
+            if smoothing > 0:
+                faint = {k: v for k, v in line.items() if k != "hovertemplate"}
+                grid.add(i, {**faint, "showlegend": False, "opacity": 0.25, "hoverinfo": "skip", "mode": "lines"})
+                line.update(y=ema_smoothed(values[keep], smoothing), mode="lines",
+                            hovertemplate=f"{run}<br>step %{{x}}<br>{col} (smoothed) %{{y:.4g}}<extra></extra>")
+            grid.add(i, line)
         # Steps are integers: with few of them, one tick per step (plotly would otherwise tick at 0.5).
         grid.axis(i, "x").update({"dtick": 1} if few_steps else {}, **({"range": list(x_range)} if x_range else {}))
+        if col in FRACTION_METRICS:
+            grid.axis(i, "y").update(range=FRACTION_RANGE)
     return grid.figure(height=max(260, 230 * rows), margin={"l": 40, "r": 10, "t": 50, "b": 30},
                        legend={"orientation": "h", "y": 1.0 + 0.1 / rows, "yanchor": "bottom"})
+
+
+def ema_smoothed(values: np.ndarray, weight: float) -> np.ndarray:
+    """TensorBoard's (and W&B's) curve smoothing: an exponential moving average with weight `weight` in [0, 1),
+    debiased so the first points are not pulled towards 0: s_n = m_n / (1 - weight^n), m_n = weight m_(n-1) +
+    (1 - weight) x_n, m_0 = 0 (tensorflow/tensorboard, tensorboard/components/vz_line_chart2/line-chart.ts,
+    resmoothDataset, commit 34877f15153e1a2087316b9952c931807a122aa7). `values`: (N,) finite, in step order."""
+    if not 0 <= weight < 1:
+        raise ValueError(f"smoothing weight {weight!r}; accepted: 0 <= weight < 1")
+    smoothed, last = np.empty(len(values)), 0.0
+    for n, value in enumerate(values, start=1):
+        last = weight * last + (1 - weight) * float(value)
+        smoothed[n - 1] = last / (1 - weight**n)
+    return smoothed
 
 
 def step_distributions(rollouts: pd.DataFrame, title_suffix: str = "") -> go.Figure:
@@ -181,8 +207,21 @@ def token_channel_heatmap(tokens: pd.DataFrame, channel_names: list[str]) -> go.
         grid.axis(i, "y").update(showticklabels=True, side="right", tickfont={"size": 11})
         if i < n - 1:
             grid.axis(i, "x").update(showticklabels=False)
-    grid.axis(n - 1, "x").update(title={"text": "token position"})
+    # Ticks on whole positions only, each centred on its cell (a cell spans position ± 0.5): left to plotly, a short
+    # rollout gets ticks at 0, 0.5, 1, 1.5 with cells between them.
+    grid.axis(n - 1, "x").update(title={"text": "token position"}, tickmode="linear", tick0=0,
+                                 dtick=position_tick_step(len(tokens)))
     return grid.figure(height=70 + 30 * n, margin={"l": 10, "r": 150, "t": 10, "b": 40})
+
+
+def position_tick_step(positions: int, max_ticks: int = 40) -> int:
+    """The spacing of token-position ticks: every position when at most `max_ticks` fit, else the smallest of
+    2, 5, 10, 20, 50, ... that keeps the ticks within `max_ticks` (always whole positions)."""
+    step, factors = 1, (2, 2.5, 2)  # 1 -> 2 -> 5 -> 10 -> 20 -> 50 -> ...
+    while positions > step * max_ticks:
+        step = round(step * factors[0])
+        factors = factors[1:] + factors[:1]
+    return step
 
 
 def prm_advantage_line(tokens: pd.DataFrame, prm_steps: pd.DataFrame) -> go.Figure:
@@ -392,7 +431,7 @@ def token_as_text(text: str) -> str:
 
 def ref_class_curves(curves: pd.DataFrame, colours: dict[str, str] | None = None) -> go.Figure:
     """Mean log-prob of a whole reference solution per evaluation step, one colour per run, one dash per answer
-    class (`queries.ref_class_curves`)."""
+    class (`data.ref_class_curves`)."""
     colours = colours or run_colours(list(curves["run"].unique()))
     dashes = ["solid", "dot", "dash", "dashdot", "longdash"]
     classes = sorted(curves["answer_class"].astype(str).unique())
@@ -420,7 +459,7 @@ def ref_trajectory_heatmaps(trajectories: pd.DataFrame, at_step: int, marked: pd
     """One panel per run: evaluation steps x tokens of one reference solution, coloured by p(token).
 
     The row of the latest evaluation at or before `at_step` is outlined; the columns of `marked`
-    (`queries.most_changed_tokens`) are outlined in red and noted with their change of probability.
+    (`data.most_changed_tokens`) are outlined in red and noted with their change of probability.
     """
     runs = sorted(trajectories["run"].unique())
     heights = [len(trajectories.loc[trajectories["run"] == run, "step"].unique()) for run in runs]
@@ -488,7 +527,7 @@ def marked_token_lines(trajectories: pd.DataFrame, marked: pd.DataFrame, colours
 
 def entropy_bin_bars(bins: pd.DataFrame, n_bins: int, split: float) -> go.Figure:
     """Clip rate and share of |gradient weight| per within-response entropy-quantile bin, bars per run, with the
-    quantile `split` (ASPO's 80th percentile) drawn on both panels (`queries.entropy_bins`)."""
+    quantile `split` (ASPO's 80th percentile) drawn on both panels (`data.entropy_bins`)."""
     grid = Subplots(1, 2, ["clip rate (any clip, per token x pass)", "share of total |gradient weight|"],
                     hspace=0.08, vspace=0)
     colours = run_colours(list(bins["run"].unique()))

@@ -20,6 +20,7 @@ import numpy as np
 import pandas as pd
 import streamlit as st
 
+from dashboard.data import RunOverview
 from dashboard.tokens import is_missing, number, plain  # noqa: F401  (pages use them through common)
 
 LOGS_DIR_ENV = "POLICYLENS_LOGS_DIR"
@@ -91,6 +92,23 @@ def static_table(container, frame, formats: dict[str, str] | None = None, max_ro
 
     shown = pd.DataFrame({md(name): [cell(v, formats.get(name)) for v in frame[name]] for name in frame.columns})
     container.table(shown, hide_index=True)
+
+
+def dashed(frame: pd.DataFrame, formats: dict[str, str] | None = None) -> pd.DataFrame:
+    """A table for `st.dataframe` whose missing cells read "–" (as the README promises), not "None": a text column
+    with a missing value gets "–" there; a number column with one becomes text, its numbers formatted with
+    `formats[column]` (default 4 significant digits). Columns without a missing value are left as they are (numbers
+    stay numbers, sortable and formatted by the column config)."""
+    formats = formats or {}
+    out = frame.copy()
+    for name in frame.columns:
+        missing = frame[name].map(is_missing)
+        if not missing.any():
+            continue
+        spec = formats.get(name, ".4g")
+        out[name] = [("–" if gone else format(v, spec) if isinstance(v, numbers.Real) and not isinstance(v, bool)
+                      else str(v)) for v, gone in zip(frame[name], missing, strict=True)]
+    return out
 
 
 def latest_steps_within(steps: list[int], tokens_per_step: dict[int, int], budget: int) -> int:
@@ -199,16 +217,39 @@ def initial_value(state_key: str, url_key: str, cast, options: list, fallback):
 
 @dataclass(frozen=True)
 class Selection:
-    """The run and step chosen in the sidebar, with what pages need to know about the run."""
+    """The run and step chosen in the sidebar, with the run's row of the runs table parsed once (`info`, its
+    config included), so no page reads or parses it again."""
 
     logs_dir: str
-    run: str
+    info: RunOverview
     step: int | None
     steps: tuple[int, ...]
-    status: str
-    algorithm: str
-    task: str
-    version: tuple  # changes whenever the run gets a new step or status: keys run-wide caches
+
+    @property
+    def run(self) -> str:
+        return self.info.run
+
+    @property
+    def status(self) -> str:
+        return self.info.status
+
+    @property
+    def algorithm(self) -> str:
+        return self.info.algorithm
+
+    @property
+    def task(self) -> str:
+        return self.info.task
+
+    @property
+    def config(self) -> dict:
+        """The run's config ({} when none was logged or it is unreadable)."""
+        return self.info.config
+
+    @property
+    def version(self) -> tuple:
+        """Changes whenever the run gets a new step or status: keys run-wide caches."""
+        return self.info.version
 
 
 def current() -> Selection | None:
@@ -225,18 +266,14 @@ def require_selection(need_step: bool = True) -> Selection:
     if need_step and selection.step is None:
         st.info(f"Run **{md(selection.run)}** has not logged any step yet. It will appear here once it does.")
         st.stop()
-    if (lacks := imported_lacks(selection.logs_dir, selection.run)) is not None:
+    if (lacks := imported_lacks(selection.config)) is not None:
         st.caption(lacks)
     return selection
 
 
-@functools.lru_cache(maxsize=64)
-def imported_lacks(logs_dir: str, run: str) -> str | None:
-    """What a run imported from another trainer's dumps lacks (None for a run PolicyLens trained)."""
-    try:
-        source = (json.loads((Path(logs_dir) / run / "run.json").read_text()).get("config") or {}).get("import")
-    except (OSError, ValueError):
-        return None
+def imported_lacks(config: dict) -> str | None:
+    """What a run imported from another trainer's dumps lacks, from its config (None for a run PolicyLens trained)."""
+    source = config.get("import")
     if not isinstance(source, dict):
         return None
     name = md(str(source.get("source", "another trainer")))

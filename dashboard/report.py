@@ -5,8 +5,9 @@ for its values) and the step's clipping and gradient-weight summary. It needs no
 plotly's JavaScript is embedded once and every figure's data is inline.
 
 Nothing here draws by itself: the figures are the dashboard's (`dashboard.charts`), the tokens are rendered by the
-token inspector's `token_heatmap_html`, and the data come from the dashboard's queries, so the report shows what
-the app shows. Every logged string is escaped (`html.escape`) before it touches markup, and the page's Content
+token inspector's `token_heatmap_html`, and the data come from the dashboard's data layer (`dashboard.data`, the
+same queries the pages call through their caches), so the report shows what the app shows, and making one needs
+no Streamlit. Every logged string is escaped (`html.escape`) before it touches markup, and the page's Content
 Security Policy runs only the report's own scripts (each carries a per-file nonce) and allows no network access, so
 a completion such as `<script>...</script>` is shown as those characters and could not run or call out even if an
 escape were missed.
@@ -24,7 +25,7 @@ import pandas as pd
 import plotly.io as pio
 from plotly.offline import get_plotlyjs
 
-from dashboard import charts, queries
+from dashboard import charts, data
 from dashboard.tokens import CHANNELS, is_missing, number, plain, token_heatmap_html
 from engine.clip_codes import CLIP_EVENTS, CLIP_NAMES
 
@@ -115,8 +116,8 @@ class _Page:
         )
 
 
-def _run_row(logs_dir: str, run: str) -> pd.Series:
-    runs = queries.runs_table(logs_dir)
+def _run_row(reader, logs_dir: str, run: str) -> pd.Series:
+    runs = data.runs_table(reader)
     found = runs[runs["run"] == run]
     if found.empty:
         known = ", ".join(runs["run"]) or "none"
@@ -124,8 +125,8 @@ def _run_row(logs_dir: str, run: str) -> pd.Series:
     return found.iloc[0]
 
 
-def _choose_step(logs_dir: str, run: str, version: tuple, step: int | None) -> int:
-    steps = queries.step_numbers(logs_dir, run, version)
+def _choose_step(reader, run: str, step: int | None) -> int:
+    steps = data.step_numbers(reader, run)
     if not steps:
         raise ReportError(f"run {run!r} has not logged any step yet")
     if step is None:
@@ -154,25 +155,28 @@ def _choose_rollout(rollouts: pd.DataFrame, rollout_id: int | None, step: int) -
 
 def _config_table(run: str, config) -> pd.DataFrame:
     """Every config field of the run (nested keys joined with dots) and its value."""
-    flat = queries.config_diff(pd.DataFrame({"run": [run], "config": [config]}))  # one run: nothing to diff away
+    flat = data.config_diff(pd.DataFrame({"run": [run], "config": [config]}))  # one run: nothing to diff away
     values = flat[run] if run in flat.columns else pd.Series(dtype=object)
     return pd.DataFrame({"field": values.index, "value": values.to_numpy()})
 
 
 def build_report(logs_dir: str, run: str, step: int | None = None, rollout_id: int | None = None,
-                 channel: str = "advantage") -> str:
+                 channel: str = "advantage", reader=None) -> str:
     """The report of `run` at `step` (default: its last step) as one HTML document.
 
     `rollout_id` picks the rollout shown token by token (default: the step's trained rollout with the largest
-    |advantage|); `channel` colours it first (the other channels follow, folded). Raises ReportError.
+    |advantage|); `channel` colours it first (the other channels follow, folded); `reader`: an open reader of
+    `logs_dir` (the dashboard's shared one), else one is opened for this report. Raises ReportError.
     """
     if channel not in CHANNELS:
         raise ReportError(f"unknown channel {channel!r}; channels: {', '.join(CHANNELS)}")
-    info = _run_row(logs_dir, run)
-    version = (info["last_step"], info["status"], info["updated_at"])
-    step = _choose_step(logs_dir, run, version, step)
-    steps = queries.run_steps(logs_dir, (run,), version)
-    rollouts = queries.step_rollouts(logs_dir, run, step)
+    if reader is None:
+        with data.open_reader(logs_dir) as own:
+            return build_report(logs_dir, run, step, rollout_id, channel, reader=own)
+    info = _run_row(reader, logs_dir, run)
+    step = _choose_step(reader, run, step)
+    steps = data.run_steps(reader, (run,))
+    rollouts = data.step_rollouts(reader, run, step)
     if rollouts.empty and rollout_id is not None:
         raise ReportError(f"step {step} of run {run!r} logged no rollouts")
     rollout = None if rollouts.empty else _choose_rollout(rollouts, rollout_id, step)
@@ -189,9 +193,9 @@ def build_report(logs_dir: str, run: str, step: int | None = None, rollout_id: i
     if rollout is None:
         page.add(f"<h2>Groups of step {step}</h2><p>No rollouts were logged at this step.</p>")
     else:
-        _groups(page, logs_dir, run, step, rollouts)
-        _rollout(page, logs_dir, run, step, rollout, channel)
-        _clipping(page, logs_dir, run, step, str(info["algorithm"]))
+        _groups(page, reader, run, step, rollouts)
+        _rollout(page, reader, run, step, rollout, channel)
+        _clipping(page, reader, run, step, str(info["algorithm"]))
     page.add("<h2>Config</h2>")
     page.add(html_table(_config_table(run, info["config"])))
     return page.html(f"PolicyLens · {run} · step {step}")
@@ -208,9 +212,9 @@ def _key_numbers(page: _Page, steps: pd.DataFrame, step: int) -> None:
     page.add(html_table(pd.DataFrame(numbers, columns=["metric", "value"])))
 
 
-def _groups(page: _Page, logs_dir: str, run: str, step: int, rollouts: pd.DataFrame) -> None:
+def _groups(page: _Page, reader, run: str, step: int, rollouts: pd.DataFrame) -> None:
     train = rollouts[rollouts["kind"] == "train"]
-    groups = queries.group_summary(logs_dir, run, step)
+    groups = data.group_summary(reader, run, step)
     page.add(f"<h2>Groups of step {step}</h2>")
     page.figure(charts.step_distributions(train, f" at step {step}"))
     if groups.empty:
@@ -224,11 +228,12 @@ def _groups(page: _Page, logs_dir: str, run: str, step: int, rollouts: pd.DataFr
                  f"{html_table(members[COMPLETION_COLUMNS])}</details>")
 
 
-def _rollout(page: _Page, logs_dir: str, run: str, step: int, rollout: pd.Series, channel: str) -> None:
+def _rollout(page: _Page, reader, run: str, step: int, rollout: pd.Series, channel: str) -> None:
     rollout_id = int(rollout["rollout_id"])
-    passes = queries.rollout_passes(logs_dir, run, step, rollout_id)
+    passes = data.rollout_passes(reader, run, step, rollout_id)
     pass_ = passes[-1] if passes else None
-    tokens = queries.rollout_tokens(logs_dir, run, step, (rollout_id,), pass_)
+    tokens = data.as_loss_used(data.rollout_tokens(reader, run, step, (rollout_id,), pass_),
+                               data.step_whitening(reader, run, step))
     where = (f"group {number(rollout['group_id'], '.0f')} #{number(rollout['index_in_group'], '.0f')}"
              if rollout["kind"] == "train" else f"eval prompt {number(rollout['prompt_id'], '.0f')}")
     page.add(f"<h2>Rollout {rollout_id}, token by token</h2>")
@@ -253,9 +258,9 @@ def _rollout(page: _Page, logs_dir: str, run: str, step: int, rollout: pd.Series
     page.figure(charts.token_channel_heatmap(tokens, logged))
 
 
-def _clipping(page: _Page, logs_dir: str, run: str, step: int, algorithm: str) -> None:
+def _clipping(page: _Page, reader, run: str, step: int, algorithm: str) -> None:
     page.add(f"<h2>Clipping and gradient weight at step {step}</h2>")
-    passes = queries.step_pass_summary(logs_dir, run, step)
+    passes = data.step_pass_summary(reader, run, step)
     if passes.empty:
         page.add("<p>No optimisation pass was logged at this step.</p>")
         return
@@ -263,7 +268,7 @@ def _clipping(page: _Page, logs_dir: str, run: str, step: int, algorithm: str) -
              "clip or cap, and the mean |gradient weight| (−∂loss/∂log π per token).</p>")
     page.add(html_table(passes))
     page.figure(charts.clip_fractions(passes.assign(algorithm=[f"pass {p}" for p in passes["pass"]])))
-    totals = queries.rollout_total_weights(logs_dir, run, step)
+    totals = data.rollout_total_weights(reader, run, step)
     page.add("<p>Each trained completion's summed gradient weight (its last pass) against its length.</p>")
     page.figure(charts.total_weight_vs_length(
         totals.assign(algorithm=algorithm, completion=[f"rollout {r}" for r in totals["rollout_id"]])))

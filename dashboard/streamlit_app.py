@@ -17,10 +17,9 @@ _ROOT = str(Path(__file__).resolve().parent.parent)
 if _ROOT not in sys.path:
     sys.path.insert(0, _ROOT)
 
-import pandas as pd  # noqa: E402
 import streamlit as st  # noqa: E402
 
-from dashboard import common, queries  # noqa: E402
+from dashboard import common, data, queries  # noqa: E402
 from dashboard.app_pages import empty_state  # noqa: E402
 
 LIVE_POLL_SECONDS = 3
@@ -78,9 +77,8 @@ run = st.sidebar.selectbox(
     "Run", run_names, key="run", format_func=lambda r: f"{STATUS_MARK.get(status_of.get(r), '? ')}{r}",
     help="● running  ■ stopped  ✖ crashed",
 )
-info = runs[runs["run"] == run].iloc[0]
-last_logged = int(info["last_step"]) if pd.notna(info["last_step"]) else -1  # NULL: no step yet
-version = (run, str(info["status"]), last_logged, str(info["updated_at"]))
+info = data.run_overview(runs, run)
+last_logged, version = info.last_step, info.version
 try:
     steps = queries.step_numbers(logs, run, version)
 except Exception as error:
@@ -106,13 +104,15 @@ if steps:
     else:
         st.sidebar.caption(f"Step {step} (the only one logged so far)")
 
-if info["status"] == "running":
+if info.status == "running":
     st.sidebar.success(f"{common.md(run)} is training")
-elif info["status"] == "crashed":
+elif info.status == "crashed":
     at_step = f"at step {last_logged}" if last_logged >= 0 else "before logging any step"
     st.sidebar.error(f"{common.md(run)} crashed {at_step}; its logged steps are shown.")
 shown_logs = common.md(common.shown_path(logs))
-st.sidebar.caption(f"{common.md(info['algorithm'])} · {common.md(info['task'])} · logs: {shown_logs}")
+# A run without a task (an import, a TRL run) names none: no empty part between two dots.
+named = [common.md(part) for part in (info.algorithm, info.task) if part]
+st.sidebar.caption(" · ".join([*named, f"logs: {shown_logs}"]))
 try:
     problems = queries.reader_problems(logs)
 except Exception:  # the runs table above already worked; a failure here only hides the list
@@ -125,10 +125,7 @@ if problems:
 
 common.set_url_value("run", run)
 common.set_url_value("step", step)
-st.session_state["_selection"] = common.Selection(
-    logs_dir=logs, run=run, step=step, steps=tuple(steps), status=str(info["status"]),
-    algorithm=str(info["algorithm"]), task=str(info["task"]), version=version,
-)
+st.session_state["_selection"] = common.Selection(logs_dir=logs, info=info, step=step, steps=tuple(steps))
 
 with st.sidebar:
     watch_for_changes(queries.live_signature(logs), live=bool(running))

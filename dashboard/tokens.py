@@ -35,7 +35,10 @@ class Channel:
 # pushes nothing; a ratio of 1 means the policy has not moved. Log-probs and entropy have no neutral point, so they
 # get a sequential scale.
 CHANNELS: dict[str, Channel] = {
-    "advantage": Channel("advantage", "advantage", 0.0, "RdBu"),
+    # A critic run logs its GAE advantages before whitening, while its loss (and so every clip decision) used them
+    # whitened: `dashboard.data.as_loss_used` puts the whitened ones in `advantage` and the logged ones beside them.
+    "advantage": Channel("advantage", "advantage (as the loss used it)", 0.0, "RdBu"),
+    "gae_advantage": Channel("gae_advantage", "GAE advantage before whitening", 0.0, "RdBu"),
     "ratio": Channel("ratio", "ratio π/π_old", 1.0, "PuOr_r"),
     "new_logp": Channel("new_logp", "new log-prob", None, "Viridis"),
     "old_logp": Channel("old_logp", "old log-prob", None, "Viridis"),

@@ -513,12 +513,9 @@ def add_report_command(subparsers) -> None:
 
 def run_report(args: argparse.Namespace) -> int:
     import duckdb
-    from streamlit.logger import set_log_level
 
-    from engine.runlog import RunLogError, validate_run_name
-
-    set_log_level("error")  # the dashboard's cached queries warn that no Streamlit server runs; none is needed
     from dashboard.report import ReportError, build_report, write_report
+    from engine.runlog import RunLogError, validate_run_name
 
     if not Path(args.logs_dir).is_dir():
         return _fail("report", f"no logs folder {args.logs_dir}")

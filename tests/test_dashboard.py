@@ -226,6 +226,10 @@ def test_replay_follows_an_eval_prompt_across_steps(trained, monkeypatch):
         at.toggle(key="replay_playing").set_value(True).run()
         assert not at.exception
         assert at.session_state["replay_step"] == int(steps[1])
+        # Playing on the last step stops the play (its toggle was set after being drawn: an exception).
+        at.select_slider(key="replay_step").set_value(int(steps[-1])).run()
+        assert not at.exception, [e.message for e in at.exception]
+        assert at.session_state["replay_playing"] is False and at.session_state["replay_step"] == int(steps[-1])
 
 
 def test_prm_page_shows_logged_step_rewards_and_the_worked_example_sandbox(trained_prm, monkeypatch):
@@ -691,3 +695,147 @@ def test_step_queries_on_hand_made_passes(tmp_path):
     assert not_in_pass["token_text"].tolist() == ["c", "d"] and not_in_pass["ratio"].isna().all()
     assert queries.update_count(logs, "hand", 0, (0, 1)) == 2
     assert queries.rollout_passes(logs, "hand", 0, 2) == [0, 1]
+
+
+def test_token_inspector_shows_a_critic_runs_advantage_as_its_loss_used_it(trained_ppo, trained, monkeypatch):
+    """A PPO run logs GAE advantages before whitening, but its loss (and every clip decision) used them whitened
+    with the step's statistics: the default "advantage" is the whitened one, the logged one is beside it, and the
+    legend says which. A run without a critic keeps its logged advantage and has no second channel."""
+    logs_dir, run = trained_ppo
+    step = last_step(logs_dir, run)
+    rollout = a_mixed_rollout(logs_dir, run, step)
+    at = open_page(logs_dir, "token_inspector", monkeypatch, run=run, step=step, rollout=rollout)
+    assert at.selectbox(key="channel").value == "advantage"
+    assert "GAE advantage before whitening" in at.selectbox(key="channel").options  # the options' labels
+    tokens = independent(logs_dir, "tokens", "WHERE run = ? AND step = ? AND rollout_id = ? ORDER BY position",
+                         [run, step, rollout])
+    stats = independent(logs_dir, "steps", "WHERE run = ? AND step = ?", [run, step]).iloc[0]
+    whitened = (tokens["advantage"] - stats["advantage_mean"]) / stats["advantage_std"]
+    values = dataframe(at, "token_text", "advantage", "gae_advantage")
+    np.testing.assert_allclose(values["advantage"].to_numpy(), whitened.to_numpy(), rtol=1e-9, atol=1e-12)
+    np.testing.assert_allclose(values["gae_advantage"].to_numpy(), tokens["advantage"].to_numpy(), rtol=1e-9)
+    body = at.get("html")[0].proto.body
+    assert "advantage (as the loss used it)" in body
+    assert any("whitened" in c.value and "as the PPO loss used it" in c.value for c in at.caption)
+    titles = [html.unescape(t) for t in re.findall(r'<span class="pl-token"[^>]* title="([^"]*)"', body)]
+    shown = [float(re.search(r"^advantage: (\S+)$", t, re.M).group(1)) for t in titles]
+    np.testing.assert_allclose(shown, whitened.to_numpy(), rtol=1e-3, atol=1e-6)  # hover values are 4 digits
+    # PPO-clip clips low only a token whose (whitened) advantage is negative, high only a positive one.
+    clips = [int(c) for c in re.findall(r'<span class="pl-token"[^>]* data-clip="(\d)"', body)]
+    assert all(a < 0 for a, c in zip(whitened, clips, strict=True) if c == CLIP_LOW)
+    assert all(a > 0 for a, c in zip(whitened, clips, strict=True) if c == CLIP_HIGH)
+
+    grpo_logs, grpo_run = trained
+    at = open_page(grpo_logs, "token_inspector", monkeypatch, run=grpo_run, step=last_step(grpo_logs, grpo_run))
+    assert "GAE advantage before whitening" not in at.selectbox(key="channel").options
+    assert "gae_advantage" not in dataframe(at, "token_text", "advantage").columns
+
+
+@pytest.fixture(scope="module")
+def uncorrected_logs(tmp_path_factory):
+    """A run logged without a correctness column and without a task (as a TRL run or an import is): group 0's
+    rewards all 0, group 1's all 1, group 2's mixed; no answer, no filter reason."""
+    from engine.runlog import RunWriter
+
+    logs = tmp_path_factory.mktemp("uncorrected") / "logs"
+    rewards = {0: [0.0, 0.0, 0.0], 1: [1.0, 1.0, 1.0], 2: [0.0, 1.0, 0.5]}
+    ids = [(g, i) for g in rewards for i in range(3)]
+    with RunWriter.create(logs, "trl-like", algorithm="grpo", config={}, background=False) as writer:
+        writer.log_step(0, rollouts={
+            "rollout_id": list(range(len(ids))), "group_id": [g for g, _ in ids], "index_in_group": [i for _, i in ids],
+            "kind": ["train"] * len(ids), "prompt": [f"prompt {g}" for g, _ in ids],
+            "completion": [f"completion {g}.{i}" for g, i in ids], "reward": [rewards[g][i] for g, i in ids],
+            "advantage": [0.0] * 6 + [-1.0, 1.0, 0.0], "length": [2] * len(ids)},
+            tokens={"rollout_id": list(range(len(ids))), "position": [0] * len(ids),
+                    "token_text": ["x"] * len(ids), "old_logp": [-1.0] * len(ids), "advantage": [0.0] * len(ids)})
+    return str(logs)
+
+
+def test_groups_without_correctness_take_their_outcome_from_the_rewards(uncorrected_logs, monkeypatch):
+    at = open_page(uncorrected_logs, "groups", monkeypatch, run="trl-like", step=0)
+    shown = dataframe(at, "group_id", "reward_mean", "outcome").set_index("group_id")
+    assert shown["outcome"].to_dict() == {0: "no signal", 1: "no signal", 2: "mixed"}
+    assert any("no signal" in c.value and "no correctness" in c.value for c in at.caption)
+    # Left-out values read as the README promises, not "None".
+    for column in ("answer", "accuracy", "filter_reason"):
+        assert shown[column].tolist() == ["–"] * 3, (column, shown[column].tolist())
+    at.multiselect[0].set_value(["no signal"]).run()
+    assert sorted(dataframe(at, "group_id", "outcome")["group_id"]) == [0, 1]
+    # The same outcome labels the Algorithm weighting page's group picker, which opens on the group with signal.
+    at = open_page(uncorrected_logs, "algorithm_weighting", monkeypatch, run="trl-like", step=0)
+    picker = at.selectbox(key="weigh_group")
+    assert picker.options == ["group 0 · no signal", "group 1 · no signal", "group 2 · mixed"]
+    assert picker.value == 2
+
+
+def test_sidebar_names_only_what_a_run_has(uncorrected_logs, trained, monkeypatch):
+    """A run without a task reads "grpo · logs: ...", not "grpo ·  · logs"."""
+    at = open_page(uncorrected_logs, None, monkeypatch, run="trl-like")
+    captions = [c.value for c in at.sidebar.caption if "logs:" in c.value]
+    assert len(captions) == 1 and captions[0].startswith("grpo · logs: "), captions
+    logs_dir, run = trained
+    at = open_page(logs_dir, None, monkeypatch, run=run)
+    captions = [c.value for c in at.sidebar.caption if "logs:" in c.value]
+    assert len(captions) == 1 and captions[0].count(" · ") == 2, captions  # algorithm · task · logs
+
+
+def test_prm_steps_page_is_drawn_before_torch_is_needed(trained_prm):
+    """The first visit of PRM steps in a fresh server waited seconds for torch before anything was drawn. With
+    torch made unimportable, everything but the sandbox's numbers is still drawn (the logged view and the
+    sandbox's table), so nothing before the sandbox waits for it; the sandbox says why it has no numbers."""
+    import subprocess
+    import sys
+    import textwrap
+
+    logs_dir, run = trained_prm
+    script = textwrap.dedent(f"""
+        import json, os, sys
+
+        class NoTorch:
+            def find_spec(self, name, path=None, target=None):
+                if name == "torch" or name.startswith("torch."):
+                    raise ImportError("torch is not importable in this test")
+
+        sys.meta_path.insert(0, NoTorch())
+        from streamlit.testing.v1 import AppTest
+        os.environ["POLICYLENS_LOGS_DIR"] = {logs_dir!r}
+        at = AppTest.from_file({APP!r}, default_timeout={TIMEOUT})
+        at.query_params["run"] = {run!r}
+        at.run()
+        at.switch_page("app_pages/prm_steps.py").run()
+        print(json.dumps({{
+            "exceptions": [e.message for e in at.exception], "headers": [h.value for h in at.header],
+            "subheaders": [h.value for h in at.subheader], "html": len(at.get("html")),
+            "charts": [c.proto.id for c in at.get("plotly_chart")], "errors": [e.value for e in at.error],
+            "torch": "torch" in sys.modules}}))
+    """)
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=10 * TIMEOUT)
+    assert done.returncode == 0, done.stderr[-3000:]
+    page = json.loads(done.stdout.strip().splitlines()[-1])
+    assert page["exceptions"] == [] and page["headers"] == ["PRM steps"] and not page["torch"], page
+    assert page["html"] >= 1 and any("group_step_rewards" in c for c in page["charts"]), page  # the logged view
+    assert any(s.startswith("Sandbox") for s in page["subheaders"]), page
+    assert len(page["errors"]) == 1 and "torch is not importable" in page["errors"][0], page
+
+
+def test_runs_page_smooths_the_curves_only_when_asked(trained, monkeypatch):
+    logs_dir, run = trained
+    at = open_page(logs_dir, None, monkeypatch)
+    assert at.slider(key="run_smoothing").value == 0.0  # off by default
+    steps = independent(logs_dir, "steps", "WHERE run = ? ORDER BY step", [run]).dropna(subset=["reward_mean"])
+
+    def reward_lines(at):
+        spec = plotly_spec(at, "run_curves")
+        return [t for t in spec["data"] if t["name"] == run and t.get("xaxis", "x") == "x"]
+
+    (line,) = reward_lines(at)
+    np.testing.assert_allclose(array(line["y"]), steps["reward_mean"], rtol=1e-9)
+    at.slider(key="run_smoothing").set_value(0.6).run()
+    assert not at.exception
+    raw, smooth = reward_lines(at)
+    np.testing.assert_allclose(array(raw["y"]), steps["reward_mean"], rtol=1e-9)
+    expected, last = [], 0.0
+    for n, value in enumerate(steps["reward_mean"], start=1):  # TensorBoard's debiased moving average, by hand
+        last = 0.6 * last + 0.4 * value
+        expected.append(last / (1 - 0.6**n))
+    np.testing.assert_allclose(array(smooth["y"]), expected, rtol=1e-9)

@@ -260,3 +260,74 @@ def test_latest_steps_within_a_token_budget():
     assert latest_steps_within(steps, tokens, 1000) == 0  # the whole run
     assert latest_steps_within(steps, tokens, 5) == 6  # the last step even when it alone is over the budget
     assert latest_steps_within(steps, {}, 5) == 0  # no lengths logged: nothing to bound by
+
+
+def test_the_selected_runs_row_is_parsed_once_with_its_config():
+    """The sidebar's selection carries the run's row of the runs table, config parsed (pages read
+    `selection.config`, none parses run.json or the runs table again); a missing task or algorithm reads as "",
+    a config that is not a JSON object as {} with `config_readable` False."""
+    from dashboard.common import Selection
+    from dashboard.data import run_overview
+
+    table = pd.DataFrame({
+        "run": ["a", "b"], "status": ["finished", "running"], "algorithm": ["ppo", None], "task": ["linear", None],
+        "model": ["tiny", None], "last_step": [7, None], "updated_at": ["t1", "t2"],
+        "config": ['{"scale_adv_by_std": false, "critic": {"lr": 0.001}}', "[1, 2]"],
+    })
+    a = run_overview(table, "a")
+    selection = Selection(logs_dir="logs", info=a, step=7, steps=tuple(range(8)))
+    assert (selection.run, selection.status, selection.algorithm, selection.task) == ("a", "finished", "ppo", "linear")
+    assert selection.config == {"scale_adv_by_std": False, "critic": {"lr": 0.001}} and a.config_readable
+    assert selection.version == ("a", "finished", 7, "t1")
+    b = run_overview(table, "b")
+    assert (b.algorithm, b.task, b.model, b.last_step) == ("", "", "", -1)
+    assert b.config == {} and not b.config_readable
+    assert run_overview(table, "c") is None
+
+
+
+@pytest.mark.parametrize("length", [1, 3, 12, 40, 41, 650])
+def test_token_heatmap_ticks_whole_positions_centred_on_their_cells(length):
+    """A short rollout gets one tick per token position; a long one whole-position ticks at most 40 of them. A
+    heatmap cell at x = i spans i ± 0.5, so a tick at a whole number is centred on its cell."""
+    tokens = pd.DataFrame({"position": range(length), "token_text": [f"t{i}" for i in range(length)],
+                           "advantage": np.linspace(-1, 1, length), "entropy": np.linspace(0, 2, length)})
+    figure = charts.token_channel_heatmap(tokens, ["advantage", "entropy"]).to_plotly_json()
+    layout = figure["layout"]
+    bottom = max((k for k in layout if k.startswith("xaxis")), key=lambda k: int(k[5:] or 1))
+    axis = layout[bottom]
+    assert axis["tickmode"] == "linear" and axis["tick0"] == 0
+    step = axis["dtick"]
+    assert isinstance(step, int) and step >= 1
+    ticks = list(range(0, length, step))
+    cells = [list(trace["x"]) for trace in figure["data"]]
+    assert all(c == list(range(length)) for c in cells)  # cell centres on whole positions
+    if length <= 40:
+        assert ticks == list(range(length))  # one tick per token position
+    else:
+        assert len(ticks) <= 40 and step in (2, 5, 10, 20, 50)
+
+
+def test_ema_smoothing_is_tensorboards_debiased_average():
+    """Worked by hand with weight 0.5 on 1, 0, 0: m = 0.5, 0.25, 0.125; debiased by 1 - 0.5^n = 0.5, 0.75, 0.875."""
+    np.testing.assert_allclose(charts.ema_smoothed(np.array([1.0, 0.0, 0.0]), 0.5), [1.0, 1 / 3, 0.125 / 0.875])
+    values = np.array([0.3, -1.0, 2.5])
+    np.testing.assert_array_equal(charts.ema_smoothed(values, 0.0), values)  # weight 0: no smoothing
+    np.testing.assert_allclose(charts.ema_smoothed(np.full(5, 0.7), 0.9), 0.7)  # a constant stays itself
+    with pytest.raises(ValueError, match="0 <= weight < 1"):
+        charts.ema_smoothed(values, 1.0)
+
+
+def test_metric_curves_smooth_on_request_and_keep_accuracy_on_zero_to_one():
+    steps = pd.DataFrame({"run": ["a"] * 3, "step": [0, 1, 2], "reward_mean": [1.0, 0.0, 0.0],
+                          "heldout_accuracy": [np.nan, 0.5, np.nan]})
+    metrics = [("reward_mean", "reward"), ("heldout_accuracy", "acc")]
+    plain = charts.metric_curves(steps, metrics)
+    assert len(plain.data) == 2 and list(plain.data[0].y) == [1.0, 0.0, 0.0]  # off: the raw curves only
+    smoothed = charts.metric_curves(steps, metrics, smoothing=0.5)
+    raw, line = smoothed.data[0], smoothed.data[1]
+    assert list(raw.y) == [1.0, 0.0, 0.0] and raw.opacity < 1 and not raw.showlegend
+    np.testing.assert_allclose(line.y, [1.0, 1 / 3, 0.125 / 0.875])
+    # One evaluated step: the accuracy axis spans 0..1 (plotly alone pads a lone point to ±1 around it).
+    low, high = plain.layout.yaxis2.range
+    assert -0.1 < low < 0 and 1 < high < 1.1

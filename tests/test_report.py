@@ -286,3 +286,32 @@ def test_plot_curves_exports_the_dashboard_figure(tmp_path):
         assert image.size == (plot_curves.WIDTH, plot_curves.HEIGHT)
         colours = image.convert("RGB").getcolors(maxcolors=1 << 20)
         assert len(colours) > 50  # text, axes and two coloured lines, not a blank page
+
+
+def test_report_command_runs_without_streamlit(tmp_path):
+    """`policylens report` reads the run through the Streamlit-free data layer: neither the report module nor the
+    command imports Streamlit (so there is no Streamlit logger to silence), and nothing is printed about a missing
+    Streamlit runtime."""
+    import subprocess
+    import sys
+    import textwrap
+
+    from synthetic_runs import write_synthetic_run
+
+    logs = tmp_path / "logs"
+    write_synthetic_run(str(logs), "tiny", steps=2, groups=2, group_size=2, length=6, passes=1)
+    out = tmp_path / "run.html"
+    script = textwrap.dedent(f"""
+        import sys
+        import dashboard.report
+        assert "streamlit" not in sys.modules, "importing dashboard.report imported streamlit"
+        from engine.cli import main
+        assert main(["report", "tiny", "--logs-dir", {str(logs)!r}, "-o", {str(out)!r}]) == 0
+        print("streamlit" in sys.modules)
+    """)
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300,
+                          cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stdout.split()[-1] == "False", done.stdout
+    assert "runtime" not in done.stderr.lower(), done.stderr[-3000:]
+    assert out.stat().st_size > 0

@@ -138,7 +138,7 @@ def train_token_rows(logs_dir, run: str, first: int, last: int) -> pd.DataFrame:
 
 
 def test_trajectory_queries_equal_the_logged_rows(tiny_run):
-    from dashboard import queries
+    from dashboard import data, queries
 
     logs_dir, run = tiny_run
     logs = str(logs_dir)
@@ -160,7 +160,7 @@ def test_trajectory_queries_equal_the_logged_rows(tiny_run):
     assert len(curves) == len(per_solution.groupby(["step", "cls"]))
 
     # the most changed tokens: |p(last eval) - p(first eval)| ranked, by hand
-    marked = queries.most_changed_tokens(got.assign(run=run), upto_step=int(ref.step.max()), k=2)
+    marked = data.most_changed_tokens(got.assign(run=run), upto_step=int(ref.step.max()), k=2)
     first = want[want.step == want.step.min()].set_index("position").logp
     latest = want[want.step == want.step.max()].set_index("position").logp
     change = np.exp(latest) - np.exp(first)
@@ -168,7 +168,7 @@ def test_trajectory_queries_equal_the_logged_rows(tiny_run):
     assert marked.position.tolist() == expected
     np.testing.assert_allclose(marked.change, change.loc[expected], rtol=1e-9)
     # scrubbing back to the first evaluation: nothing has changed yet
-    assert (queries.most_changed_tokens(got.assign(run=run), upto_step=0, k=2).change == 0).all()
+    assert (data.most_changed_tokens(got.assign(run=run), upto_step=0, k=2).change == 0).all()
 
 
 @pytest.mark.parametrize("bucket", [0, 4])

@@ -46,10 +46,7 @@ st.session_state["adv_rollout"] = highlight
 highlight = c2.selectbox("Highlight completion", list(rollout_ids), key="adv_rollout", format_func=labels.get)
 common.set_url_value("rollout", highlight)
 
-config = common.load("the run's config", queries.runs_table, logs)
-config = config[config["run"] == run]["config"]
-run_config = (queries.parsed_config(config.iloc[0]) if len(config) else None) or {}
-scale_by_std = bool(run_config.get("scale_adv_by_std", True))
+scale_by_std = bool(selection.config.get("scale_adv_by_std", True))
 try:
     schemes = recompute.advantage_schemes(group, tokens, steps, scale_by_std=scale_by_std)
 except ValueError as error:

@@ -5,9 +5,11 @@ from __future__ import annotations
 import pandas as pd
 import streamlit as st
 
-from dashboard import common, queries
+from dashboard import common, data, queries
 
 GROUPS_PER_PAGE = 8
+# The outcomes `data.group_summary` gives a group: from its correctness column, or from its rewards without one.
+OUTCOMES = ("mixed", "all correct", "all wrong", "no signal")
 COLUMNS_PER_ROW = 4
 
 selection = common.require_selection()
@@ -27,7 +29,7 @@ SORTS = {
     "largest |advantage|": ("max_abs_advantage", False), "mean length (long first)": ("length_mean", False),
 }
 c1, c2, c3, c4 = st.columns([2, 2, 2, 3])
-outcomes = c1.multiselect("Outcome", ["mixed", "all correct", "all wrong"], default=[], placeholder="any outcome")
+outcomes = c1.multiselect("Outcome", list(OUTCOMES), default=[], placeholder="any outcome")
 kept = c2.selectbox("Dynamic sampling", ["all groups", "kept", "filtered"])
 sort_by = c3.selectbox("Sort by", list(SORTS))
 search = c4.text_input("Search prompts and completions", placeholder="text, e.g. x = 2")
@@ -50,8 +52,15 @@ st.caption(
     f"{len(shown)} of {len(summary)} groups shown · {filtered_count} dropped by dynamic sampling at this step"
     + (f" ({', '.join(f'{common.md(reason)}: {count}' for reason, count in reasons)})" if filtered_count else "")
 )
+if (summary["outcome_from"] == data.OUTCOME_BY_REWARD).any():
+    st.caption("Outcome: this run logged no correctness (reward_correct, e.g. a TRL run or an import), so it is "
+               "read from the rewards: **no signal** when all of a group's rewards are equal (reward std 0, every "
+               "advantage 0: the groups DAPO's dynamic sampling drops), **mixed** otherwise.")
+else:
+    st.caption("Outcome: from the logged correctness (reward_correct) of the group's completions.")
 st.dataframe(
-    shown.drop(columns=["max_abs_advantage"]), hide_index=True, key="group_table",
+    common.dashed(shown.drop(columns=["max_abs_advantage", "outcome_from"]), {"accuracy": ".2f"}),
+    hide_index=True, key="group_table",
     column_config={
         "reward_mean": st.column_config.NumberColumn("reward mean", format="%.3f"),
         "reward_std": st.column_config.NumberColumn("reward std", format="%.3f"),

@@ -1,12 +1,15 @@
 """PRM steps: a process-supervised completion split into its reasoning steps, the per-token advantage they give,
-the whole group's step rewards, and a sandbox to edit step rewards and watch the advantages change."""
+the whole group's step rewards, and a sandbox to edit step rewards and watch the advantages change.
+
+Only the sandbox's numbers need torch (`engine.advantages`, seconds to import in a fresh server): it is imported
+there, after the logged view and the sandbox's table are drawn, so the page's first paint never waits for it."""
 
 from __future__ import annotations
 
 import pandas as pd
 import streamlit as st
 
-from dashboard import charts, common, queries, recompute
+from dashboard import charts, common, data, queries
 from dashboard.tokens import reasoning_steps_html
 
 # The worked PRM example: two solutions of 2x + 3 = 7 scored step by step, one right, one wrong from step 2 on.
@@ -27,11 +30,7 @@ st.header("PRM steps")
 def process_supervised_runs() -> list[str]:
     """The runs of the logs folder whose config says they were trained with process supervision."""
     table = common.load("the list of runs", queries.runs_table, logs)
-    found = []
-    for name, config in zip(table["run"], table["config"], strict=True):
-        if (queries.parsed_config(config) or {}).get("supervision") == "process" and name != run:
-            found.append(name)
-    return found
+    return [name for name in data.process_supervised_runs(table) if name != run]
 
 
 def offer_process_supervised_runs() -> None:
@@ -117,8 +116,14 @@ def sandbox() -> None:
         st.info("Enter at least one step reward and its token count.")
         return
     try:
-        advantages, normalized = recompute.process_sandbox(step_rewards, step_lengths)
-    except (ValueError, ImportError) as error:
+        with st.spinner("Loading engine.advantages (torch)…"):
+            from dashboard import recompute  # torch: imported once the rest of the page is on screen
+
+            advantages, normalized = recompute.process_sandbox(step_rewards, step_lengths)
+    except ImportError as error:  # torch missing or broken: the rest of the page is already there
+        st.error(f"The sandbox needs torch (engine.advantages), which could not be imported: {common.md(error)}")
+        return
+    except ValueError as error:
         st.error(f"process_advantages refused these rewards: {common.md(error)}")
         return
     st.dataframe(

@@ -24,7 +24,9 @@ if problem:
 st.session_state["replay_step"] = at
 
 controls = st.columns([1, 2, 5])
-if st.session_state.pop("_replay_reached_end", False):  # Play's state can change only before its toggle is drawn
+# The end of the steps stops the play: asked for by the panel below, done here, before the toggle exists in this run
+# (a widget's value cannot be set once the widget is drawn in the same run).
+if st.session_state.pop("_replay_reached_end", False):
     st.session_state["replay_playing"] = False
 playing = controls[0].toggle("Play", key="replay_playing", disabled=len(steps) < 2)
 speed = controls[1].selectbox("Speed", list(SPEEDS), index=1, key="replay_speed", label_visibility="collapsed")

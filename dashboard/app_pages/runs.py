@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import streamlit as st
 
-from dashboard import charts, common, queries
+from dashboard import charts, common, data, queries
 
 selection = common.require_selection(need_step=False)
 logs = selection.logs_dir
@@ -46,10 +46,14 @@ steps = common.load("the step metrics", queries.run_steps, logs, tuple(sorted(co
 if steps.empty:
     st.info("The selected runs have not logged any step yet.")
 else:
-    st.plotly_chart(charts.metric_curves(steps, colours=charts.run_colours(names)), key="run_curves")
+    smoothing = st.slider("Smoothing", 0.0, 0.99, 0.0, 0.01, key="run_smoothing",
+                          help="exponential moving average of each curve, debiased as in TensorBoard and W&B; 0: off. "
+                          "The raw points stay drawn, faint.")
+    st.plotly_chart(charts.metric_curves(steps, colours=charts.run_colours(names), smoothing=smoothing),
+                    key="run_curves")
 
 st.subheader("Config differences")
-diff = queries.config_diff(table[table["run"].isin(compared)])
+diff = data.config_diff(table[table["run"].isin(compared)])
 if len(compared) < 2:
     st.caption("Select at least two runs to see where their configs differ.")
 elif diff.empty:

@@ -6,7 +6,7 @@ import functools
 
 import streamlit as st
 
-from dashboard import charts, common, queries, report
+from dashboard import charts, common, data, queries, report
 from dashboard.tokens import CHANNELS, token_heatmap_html
 from engine.clip_codes import CLIP_EVENTS, CLIP_NAMES
 
@@ -43,7 +43,9 @@ if problem:
 st.session_state["rollout"] = rollout_id
 rollout_id = left.selectbox("Rollout", rollout_ids, key="rollout", format_func=describe)
 
-channel_names = list(CHANNELS)
+# A critic run's loss used its GAE advantages whitened: "advantage" is that one, the logged one is beside it.
+whitening = common.load("the whitening", queries.step_whitening, logs, run, step)
+channel_names = [name for name in CHANNELS if whitening is not None or name != "gae_advantage"]
 channel, _ = common.initial_value("channel", "channel", str, channel_names, "advantage")
 st.session_state["channel"] = channel
 channel = middle.selectbox("Colour by", channel_names, key="channel", format_func=lambda c: CHANNELS[c].label)
@@ -61,14 +63,16 @@ for key, value in (("rollout", rollout_id), ("channel", channel), ("pass", pass_
     common.set_url_value(key, value)
 
 # Built only when clicked (a callable), as the report embeds plotly's JavaScript (~5 MB).
-st.download_button("Download a report of this step", functools.partial(report.build_report, logs, run, step,
-                   rollout_id, channel), file_name=f"{run}-step{step}.html", mime="text/html", on_click="ignore",
+build = functools.partial(report.build_report, logs, run, step, rollout_id, channel, reader=queries.get_reader(logs))
+st.download_button("Download a report of this step", build, file_name=f"{run}-step{step}.html", mime="text/html",
+                   on_click="ignore",
                    icon=":material/download:", help="One HTML file with the run's curves and config, this step's "
                    "groups and this rollout token by token: it opens in any browser, without Python or a network. "
                    "Same as `policylens report RUN --step N --rollout ID`.")
 
 rollout = by_id.loc[rollout_id]
-tokens = common.load("the tokens", queries.rollout_tokens, logs, run, step, (rollout_id,), pass_)
+tokens = data.as_loss_used(common.load("the tokens", queries.rollout_tokens, logs, run, step, (rollout_id,), pass_),
+                           whitening)
 
 st.markdown("**Prompt**")
 st.text(common.plain(rollout.prompt))
@@ -97,6 +101,11 @@ elif CHANNELS[channel].column in tokens.columns and tokens[CHANNELS[channel].col
     st.caption(f"{CHANNELS[channel].label} was not logged for this rollout.")
 
 st.html(token_heatmap_html(tokens, channel))
+if whitening is not None and channel in ("advantage", "gae_advantage"):
+    mean, std = whitening
+    st.caption(f"This run has a critic. advantage: the logged GAE advantage whitened with this step's mean {mean:.4g} "
+               f"and std {std:.4g}, as the PPO loss used it (its clip decisions follow this one); GAE advantage "
+               "before whitening: as logged.")
 if "clip" in tokens.columns and tokens["clip"].notna().any():
     counts = tokens["clip"].fillna(0).astype(int).value_counts()
     st.caption("Clip events in this pass: " + ", ".join(f"{CLIP_NAMES[c]} {counts.get(c, 0)}" for c in CLIP_EVENTS))

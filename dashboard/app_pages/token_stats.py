@@ -7,7 +7,7 @@ from urllib.parse import urlencode
 
 import streamlit as st
 
-from dashboard import charts, common, queries
+from dashboard import charts, common, data, queries
 from engine.algorithms import defaults as algorithm_defaults
 
 ASPO = algorithm_defaults("aspo")  # the numbers of the entropy split's caption
@@ -81,7 +81,7 @@ if rows and rows[0] < len(shown):
 # ---- by entropy quantile, per run
 st.subheader("By entropy within the response")
 table = common.load("the runs", queries.runs_table, logs)
-candidates = queries.comparable_runs(table, run)
+candidates = data.comparable_runs(table, run)
 st.session_state["stats_runs"] = [r for r in st.session_state.get("stats_runs", candidates[:MAX_RUNS])
                                   if r in candidates] or [run]
 compared = st.multiselect("Runs", candidates, key="stats_runs", max_selections=MAX_RUNS)

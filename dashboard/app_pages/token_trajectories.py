@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import streamlit as st
 
-from dashboard import charts, common, queries
+from dashboard import charts, common, data, queries
 
 MAX_RUNS = 6
 MARKED_TOKENS = 3
@@ -24,7 +24,7 @@ if prompts.empty:
     st.stop()
 
 table = common.load("the runs", queries.runs_table, logs)
-candidates = queries.comparable_runs(table, run)
+candidates = data.comparable_runs(table, run)
 from_url = [r for r in (common.url_value("compare") or "").split(",") if r in candidates]
 default = from_url or candidates[:MAX_RUNS]
 st.session_state["traj_runs"] = [r for r in st.session_state.get("traj_runs", default) if r in candidates] or default
@@ -79,7 +79,7 @@ with right:
         if len(steps) > 1 else steps[0]
 common.set_url_value("at", at)
 
-marked = queries.most_changed_tokens(trajectories, at, MARKED_TOKENS)
+marked = data.most_changed_tokens(trajectories, at, MARKED_TOKENS)
 st.caption(f"Colour: p(token) under the policy at each evaluation (rows) for each token of the reference solution "
            f"(columns). Outlined in orange: the evaluation shown at step {at}. Outlined in red, with the change: the "
            f"{MARKED_TOKENS} tokens per run whose probability moved most since the run's first evaluation.")

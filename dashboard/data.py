@@ -1,0 +1,580 @@
+"""The dashboard's data layer: every SQL query of the dashboard and report, with bound parameters, and the pandas
+helpers around them. No Streamlit here: `dashboard.queries` wraps these functions in Streamlit's caches for the
+pages, and `policylens report` calls them directly with a reader of its own (`open_reader`).
+
+Every query takes a `engine.runlog.RunReader`, which exposes the run-log tables (runs, steps, rollouts, tokens,
+token_passes, prm_steps, ref_tokens) as read-only DuckDB views over the Parquet files the trainer writes.
+
+Shared fragments, each written once:
+- `of_rollouts`: "these rollouts of a step" ($run, $step, $ids and the id range from `rollouts_of_step`);
+- `clip_rates`: the share of pass rows with each clip code of `engine.clip_codes`, named by `rate_column`;
+- `_TRAIN_TOKENS` / `_PASSES`: the train tokens and the optimisation passes of some runs in a step range.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import pandas as pd
+
+from engine.clip_codes import CLIP_EVENTS, CLIP_NAMES, CLIP_NONE, rate_column
+
+# DuckDB's memory for the dashboard's queries (they read one step or one run's metrics; the largest, a whole
+# step's token passes, needs well under this), so a dashboard left open stays within a small machine's means.
+READER_MEMORY_LIMIT = "1GB"
+
+
+def open_reader(logs_dir: str):
+    """A read-only reader of a logs folder (reading statements only, no file outside the logs folder, see
+    `engine.runlog.RunReader`)."""
+    from engine.runlog import RunReader
+
+    return RunReader(logs_dir, memory_limit=READER_MEMORY_LIMIT)
+
+
+# ---------------------------------------------------------------- shared fragments
+
+
+def rollouts_of_step(run: str, step: int, rollout_ids: tuple[int, ...], **more) -> dict:
+    """Named parameters for `of_rollouts`: $run, $step, $ids and $first_id / $last_id, the smallest and largest id.
+    `more`: the query's other parameters."""
+    first, last = (min(rollout_ids), max(rollout_ids)) if rollout_ids else (None, None)
+    return {"run": run, "step": step, "ids": list(rollout_ids), "first_id": first, "last_id": last, **more}
+
+
+def of_rollouts(alias: str = "", listed: bool = True) -> str:
+    """The rows of "these rollouts of a step" (parameters from `rollouts_of_step`) of a table (`alias`, e.g. "t").
+
+    `rollout_id BETWEEN $first_id AND $last_id` comes with `list_contains($ids, rollout_id)`: DuckDB checks a range
+    against each row group's min/max statistics (files are sorted by step, rollout id), so a query for one rollout
+    decodes its one or two row groups instead of the whole step (171 -> ~20 ms at 100M token rows); `list_contains`
+    alone is not pushed into the scan. `listed=False`: the range only (a join with listed rows does the rest)."""
+    a = f"{alias}." if alias else ""
+    where = f"{a}run = $run AND {a}step = $step AND {a}rollout_id BETWEEN $first_id AND $last_id"
+    return where + (f" AND list_contains($ids, {a}rollout_id)" if listed else "")
+
+
+def clip_rates(column: str = "clip", name: Callable[[int], str] = rate_column, codes=CLIP_EVENTS) -> str:
+    """SELECT items: for each clip code, the share of the rows whose `column` holds it, as `name(code)` (double
+    quoted). The codes are the integers of `engine.clip_codes`, written into the text, never a user's value."""
+    return ", ".join(f'avg(({column} = {int(code)})::DOUBLE) AS "{name(code)}"' for code in codes)
+
+
+# ---------------------------------------------------------------- runs
+
+
+@dataclass(frozen=True)
+class RunOverview:
+    """One run as the runs table holds it, its config parsed once (for the selection every page gets)."""
+
+    run: str
+    status: str
+    algorithm: str
+    task: str
+    model: str
+    last_step: int  # -1 before the first logged step
+    updated_at: str
+    config: dict = field(default_factory=dict)  # {} when none was logged or it is not a JSON object
+    config_readable: bool = True  # False when the logged config is not a JSON object
+
+    @property
+    def version(self) -> tuple:
+        """Changes whenever the run gets a new step or status: keys run-wide caches."""
+        return (self.run, self.status, self.last_step, self.updated_at)
+
+
+def _text(value) -> str:
+    """A runs-table cell as text; a missing one (None, NaN) as ""."""
+    return "" if value is None or (isinstance(value, float) and value != value) or value is pd.NA else str(value)
+
+
+def run_overview(table: pd.DataFrame, run: str) -> RunOverview | None:
+    """The row of `run` in a runs table (`runs_table`) as a RunOverview; None when the table has no such run."""
+    found = table[table["run"] == run]
+    if found.empty:
+        return None
+    row = found.iloc[0]
+    parsed = parsed_config(row.get("config"))
+    return RunOverview(
+        run=run, status=str(row["status"]), algorithm=_text(row.get("algorithm")), task=_text(row.get("task")),
+        model=_text(row.get("model")), last_step=int(row["last_step"]) if pd.notna(row["last_step"]) else -1,
+        updated_at=str(row.get("updated_at")), config=parsed or {}, config_readable=parsed is not None)
+
+
+def parsed_config(config) -> dict | None:
+    """A run's config as `runs_table` holds it (JSON text) as a dict; {} when there is none, None when it is not a
+    JSON object (a run logged by other code may carry anything as its config)."""
+    try:
+        parsed = json.loads(config) if isinstance(config, str) else dict(config or {})
+    except (TypeError, ValueError):
+        return None
+    return parsed if isinstance(parsed, dict) else None
+
+
+def config_diff(table: pd.DataFrame) -> pd.DataFrame:
+    """Config keys whose values differ between the given runs (nested keys flattened with dots)."""
+    flat = {}
+    for run, config in zip(table["run"], table["config"], strict=True):
+        parsed = parsed_config(config)
+        if parsed is None:
+            parsed = {"config": "(unreadable)"}
+        flat[run] = pd.json_normalize(parsed, sep=".").iloc[0].to_dict() if parsed else {}
+    frame = pd.DataFrame(flat)
+    if frame.empty or frame.shape[1] < 2:
+        return frame
+    differs = frame.astype(str).nunique(axis=1) > 1
+    return frame[differs].sort_index()
+
+
+def comparable_runs(table: pd.DataFrame, run: str) -> list[str]:
+    """The runs of `runs_table` whose held-out prompts are the same as `run`'s (same task and task seed), `run`
+    first: only then is a prompt id the same prompt, with the same reference solution, in every run."""
+
+    def key(row) -> tuple:
+        return row["task"], (parsed_config(row["config"]) or {}).get("task_seed")
+
+    keys = {row["run"]: key(row) for _, row in table.iterrows()}
+    return [run] + [r for r in table["run"] if r != run and keys[r] == keys.get(run)]
+
+
+def process_supervised_runs(table: pd.DataFrame) -> list[str]:
+    """The runs of a runs table whose config says they were trained with process supervision."""
+    return [name for name, config in zip(table["run"], table["config"], strict=True)
+            if (parsed_config(config) or {}).get("supervision") == "process"]
+
+
+def runs_table(reader) -> pd.DataFrame:
+    """Every run with its status, algorithm, task, number of steps and latest held-out accuracy (and its step)."""
+    return reader.runs_overview()
+
+
+def reader_problems(reader) -> list[str]:
+    """Files and runs the reader had to leave out (damaged Parquet, unreadable run.json, ...), as messages."""
+    reader.refresh()
+    return list(reader.problems)
+
+
+def run_steps(reader, runs: tuple[str, ...]) -> pd.DataFrame:
+    """All per-step metrics of the given runs."""
+    return reader.sql("SELECT * FROM steps WHERE list_contains(?, run) ORDER BY run, step", [list(runs)])
+
+
+def step_numbers(reader, run: str) -> list[int]:
+    """The steps logged for a run, ascending."""
+    frame = reader.sql("SELECT DISTINCT step FROM steps WHERE run = ? ORDER BY step", [run])
+    return [int(s) for s in frame["step"]]
+
+
+# ---------------------------------------------------------------- one step
+
+ROLLOUT_COLUMNS = """rollout_id, group_id, index_in_group, kind, prompt_id, prompt, completion, answer, reward,
+    reward_correct, reward_process, reward_length, advantage, length, truncated, filtered, filter_reason,
+    reward_components"""
+
+# The columns of a token with the values of one optimisation pass (`t`: tokens, `p`: token_passes).
+TOKEN_PASS_COLUMNS = """t.rollout_id, t.position, t.token_id, t.token_text, t.old_logp, t.ref_logp, t.entropy,
+    t.advantage, t.prm_step, p."pass", p.new_logp, p.ratio, p.clip, p.grad_weight, p.token_loss, p.kl"""
+
+
+def step_rollouts(reader, run: str, step: int, kind: str | None = None) -> pd.DataFrame:
+    """The rollouts of one step (train and eval unless `kind` says which)."""
+    return reader.sql(
+        f"""SELECT {ROLLOUT_COLUMNS} FROM rollouts
+            WHERE run = $run AND step = $step AND ($kind IS NULL OR kind = $kind)
+            ORDER BY kind DESC, group_id, index_in_group""",
+        {"run": run, "step": step, "kind": kind},
+    )
+
+
+OUTCOME_BY_CORRECTNESS = "correctness"
+OUTCOME_BY_REWARD = "reward"
+"""How a group's outcome was decided: by its `reward_correct` column, or, for a run that logged none (every TRL run
+and import), by its rewards (all equal: the group carries no signal)."""
+
+
+def group_summary(reader, run: str, step: int) -> pd.DataFrame:
+    """One row per train group of a step: its prompt, reward mean/std, outcome mix, filtering.
+
+    `outcome`: "all correct" / "all wrong" / "mixed" from `reward_correct`; for a group without any correctness
+    logged, "no signal" when all its rewards are equal (reward std 0, every advantage 0: the groups DAPO's dynamic
+    sampling drops) and "mixed" otherwise; `outcome_from` says which ("correctness" or "reward")."""
+    return reader.sql(
+        f"""
+        SELECT group_id, any_value(prompt) AS prompt, any_value(answer) AS answer, count(*) AS size,
+               avg(reward) AS reward_mean, coalesce(stddev_samp(reward), 0) AS reward_std,
+               avg(reward_correct) AS accuracy, avg(length) AS length_mean,
+               max(abs(advantage)) AS max_abs_advantage,
+               bool_or(filtered) AS filtered, any_value(filter_reason) FILTER (WHERE filtered) AS filter_reason,
+               sum(truncated::INT) AS truncated,
+               CASE WHEN count(reward_correct) > 0 THEN
+                        CASE WHEN min(reward_correct) > 0 THEN 'all correct'
+                             WHEN max(reward_correct) <= 0 THEN 'all wrong' ELSE 'mixed' END
+                    WHEN count(reward) > 0 AND min(reward) = max(reward) THEN 'no signal'
+                    ELSE 'mixed' END AS outcome,
+               CASE WHEN count(reward_correct) > 0 THEN '{OUTCOME_BY_CORRECTNESS}'
+                    ELSE '{OUTCOME_BY_REWARD}' END AS outcome_from
+        FROM rollouts WHERE run = $run AND step = $step AND kind = 'train'
+        GROUP BY group_id ORDER BY group_id
+        """,
+        {"run": run, "step": step},
+    )
+
+
+def rollout_passes(reader, run: str, step: int, rollout_id: int) -> list[int]:
+    """The optimisation passes that used a rollout. With mini-batches a rollout is in one pass per epoch, not in
+    every pass of the step."""
+    frame = reader.sql(f'SELECT DISTINCT "pass" FROM token_passes WHERE {of_rollouts()} ORDER BY 1',
+                       rollouts_of_step(run, step, (rollout_id,)))
+    return [int(p) for p in frame["pass"]]
+
+
+def update_count(reader, run: str, step: int, rollout_ids: tuple[int, ...]) -> int:
+    """How many optimisation passes used each of these rollouts (the number of epochs; 0 if none was logged)."""
+    frame = reader.sql(
+        f"""SELECT coalesce(max(n), 0) AS n FROM (
+               SELECT rollout_id, count(DISTINCT "pass") AS n FROM token_passes WHERE {of_rollouts()}
+               GROUP BY rollout_id)""",
+        rollouts_of_step(run, step, rollout_ids),
+    )
+    return int(frame["n"].iloc[0])
+
+
+def step_pass_summary(reader, run: str, step: int) -> pd.DataFrame:
+    """One row per optimisation pass of a step: tokens trained on, the fraction of them with each clip code (columns
+    named as `engine.clip_codes.CLIP_NAMES`, which `charts.clip_fractions` draws), mean |gradient weight| and
+    |ratio - 1|."""
+    return reader.sql(
+        f"""SELECT "pass", count(*) AS tokens, {clip_rates(name=CLIP_NAMES.get)},
+                  avg(abs(grad_weight)) AS mean_abs_grad_weight, avg(abs(ratio - 1)) AS mean_abs_ratio_change
+           FROM token_passes WHERE run = $run AND step = $step GROUP BY "pass" ORDER BY "pass" """,
+        {"run": run, "step": step},
+    )
+
+
+def rollout_total_weights(reader, run: str, step: int) -> pd.DataFrame:
+    """Each trained rollout of a step: its length, advantage and the sum of its tokens' gradient weights in the last
+    pass that used it."""
+    return reader.sql(
+        """WITH per_pass AS (SELECT rollout_id, "pass", sum(grad_weight) AS weight FROM token_passes
+                             WHERE run = $run AND step = $step GROUP BY rollout_id, "pass"),
+                last AS (SELECT rollout_id, arg_max_null(weight, "pass") AS total_weight FROM per_pass
+                         GROUP BY rollout_id)
+           SELECT r.rollout_id, r.length, r.advantage, l.total_weight
+           FROM last l JOIN rollouts r ON r.rollout_id = l.rollout_id
+           WHERE r.run = $run AND r.step = $step ORDER BY r.rollout_id""",
+        {"run": run, "step": step},
+    )
+
+
+def tokens_at_update(reader, run: str, step: int, rollout_ids: tuple[int, ...], update: int) -> pd.DataFrame:
+    """Tokens of some rollouts, each with the values of its `update`-th pass (0-based; -1 = its last one).
+
+    Different rollouts of a step are in different mini-batches, so "the same moment" for a group is the k-th time
+    each of its rollouts was used, not one pass number."""
+    return reader.sql(
+        f"""
+        WITH used AS (
+            SELECT DISTINCT rollout_id, "pass" FROM token_passes WHERE {of_rollouts()}
+        ), ranked AS (
+            SELECT rollout_id, "pass", row_number() OVER (PARTITION BY rollout_id ORDER BY "pass") - 1 AS k,
+                   count(*) OVER (PARTITION BY rollout_id) AS n
+            FROM used
+        ), chosen AS (
+            SELECT rollout_id, "pass" FROM ranked WHERE k = CASE WHEN $update < 0 THEN n - 1 ELSE $update END
+        ), passes AS (
+            SELECT p.* FROM token_passes p JOIN chosen c ON c.rollout_id = p.rollout_id AND c."pass" = p."pass"
+            WHERE {of_rollouts("p", listed=False)}
+        )
+        SELECT {TOKEN_PASS_COLUMNS}
+        FROM tokens t LEFT JOIN passes p ON p.rollout_id = t.rollout_id AND p.position = t.position
+        WHERE {of_rollouts("t")}
+        ORDER BY t.rollout_id, t.position
+        """,
+        rollouts_of_step(run, step, rollout_ids, update=update),
+    )
+
+
+def rollout_tokens(reader, run: str, step: int, rollout_ids: tuple[int, ...], pass_: int | None) -> pd.DataFrame:
+    """Tokens of some rollouts with the values of one optimisation pass (NULL where the pass logged nothing)."""
+    return reader.sql(
+        f"""
+        SELECT {TOKEN_PASS_COLUMNS}
+        FROM tokens t
+        LEFT JOIN (SELECT * FROM token_passes WHERE "pass" = $pass AND {of_rollouts(listed=False)}) p
+               ON p.rollout_id = t.rollout_id AND p.position = t.position
+        WHERE {of_rollouts("t")}
+        ORDER BY t.rollout_id, t.position
+        """,
+        rollouts_of_step(run, step, rollout_ids, **{"pass": pass_}),
+    )
+
+
+def prm_steps(reader, run: str, step: int, rollout_ids: tuple[int, ...]) -> pd.DataFrame:
+    """Reasoning steps (with raw and normalized rewards) of some rollouts."""
+    return reader.sql(
+        f"""SELECT rollout_id, step_index, first_pos, last_pos, text, reward_raw, reward_norm FROM prm_steps
+           WHERE {of_rollouts()} ORDER BY rollout_id, step_index""",
+        rollouts_of_step(run, step, rollout_ids),
+    )
+
+
+def critic_tokens(reader, run: str, step: int, rollout_ids: tuple[int, ...]) -> pd.DataFrame:
+    """Tokens of some rollouts with the logged advantage and, for runs with a critic, value, return and the KL part
+    of the reward (NULL otherwise)."""
+    return reader.sql(
+        f"""SELECT rollout_id, position, token_text, advantage, value, "return", kl_reward, prm_step FROM tokens
+           WHERE {of_rollouts()} ORDER BY rollout_id, position""",
+        rollouts_of_step(run, step, rollout_ids),
+    )
+
+
+def step_whitening(reader, run: str, step: int) -> tuple[float, float] | None:
+    """(mean, std) a critic run's loss whitened this step's GAE advantages with (every step of a critic run logs
+    them); None without a critic."""
+    frame = reader.sql("SELECT advantage_mean, advantage_std FROM steps WHERE run = ? AND step = ?", [run, step])
+    if frame.empty or frame[["advantage_mean", "advantage_std"]].isna().any(axis=None):
+        return None
+    return float(frame["advantage_mean"].iloc[0]), float(frame["advantage_std"].iloc[0])
+
+
+def as_loss_used(tokens: pd.DataFrame, whitening: tuple[float, float] | None) -> pd.DataFrame:
+    """Tokens of a step as its loss saw them. A critic run (`whitening` = the step's (mean, std) from
+    `step_whitening`) logs each token's GAE advantage before whitening, but its PPO loss, and so its clip decisions,
+    used (A - mean) / std (`engine.advantages.masked_whiten`; std already holds its epsilon): that goes into
+    `advantage`, and the logged value into `gae_advantage`. Without a critic the logged advantage is the loss's own
+    and the frame is returned as it is."""
+    if whitening is None or "advantage" not in tokens.columns:
+        return tokens
+    mean, std = whitening
+    logged = pd.to_numeric(tokens["advantage"], errors="coerce")
+    return tokens.assign(advantage=(logged - mean) / std, gae_advantage=logged)
+
+
+def train_tokens_per_step(reader, run: str) -> dict[int, int]:
+    """Train tokens of each step: the sum of its train rollouts' lengths (0 where no length was logged)."""
+    frame = reader.sql("SELECT step, coalesce(sum(length), 0) AS tokens FROM rollouts "
+                       "WHERE run = ? AND kind = 'train' GROUP BY step", [run])
+    return {int(s): int(n) for s, n in zip(frame["step"], frame["tokens"], strict=True)}
+
+
+def run_has_prm(reader, run: str) -> bool:
+    frame = reader.sql("SELECT count(*) AS n FROM (SELECT 1 FROM prm_steps WHERE run = ? LIMIT 1)", [run])
+    return bool(frame["n"].iloc[0])
+
+
+# ---------------------------------------------------------------- eval prompts across steps and runs
+
+
+def eval_prompts(reader, run: str) -> pd.DataFrame:
+    """The held-out prompts a run evaluated on (stable ids, so they can be followed)."""
+    return reader.sql(
+        """SELECT prompt_id, any_value(prompt) AS prompt, any_value(answer) AS answer, count(DISTINCT step) AS steps
+           FROM rollouts WHERE run = ? AND kind = 'eval' GROUP BY prompt_id ORDER BY prompt_id""",
+        [run],
+    )
+
+
+def eval_prompt_history(reader, run: str, prompt_id: int) -> pd.DataFrame:
+    """Every eval answer of one run to one prompt, step by step."""
+    return reader.sql(
+        """SELECT step, index_in_group AS sample, completion, reward, reward_correct, length, truncated, rollout_id
+           FROM rollouts WHERE run = ? AND kind = 'eval' AND prompt_id = ? ORDER BY step, index_in_group""",
+        [run, prompt_id],
+    )
+
+
+def eval_prompt_across_runs(reader, task: str, prompt_id: int, step: int) -> pd.DataFrame:
+    """Every run on the same task answering one eval prompt, each at its latest evaluation at or before `step`
+    (runs evaluate every few steps, not necessarily on the same ones)."""
+    return reader.sql(
+        """
+        WITH answers AS (
+            SELECT r.run, x.algorithm, r.step, r.index_in_group AS sample, r.completion, r.reward,
+                   r.reward_correct, r.length
+            FROM rollouts r JOIN runs x ON x.run = r.run
+            WHERE x.task = ? AND r.kind = 'eval' AND r.prompt_id = ? AND r.step <= ?
+        ), latest AS (SELECT run, max(step) AS step FROM answers GROUP BY run)
+        SELECT a.* FROM answers a JOIN latest l ON l.run = a.run AND l.step = a.step
+        ORDER BY a.run, a.sample
+        """,
+        [task, prompt_id, step],
+    )
+
+
+# ---------------------------------------------------------------- token trajectories: reference solutions over training
+
+
+def ref_prompts(reader, run: str) -> pd.DataFrame:
+    """The held-out prompts whose reference solution a run scored (`ref_tokens`), with their text and class."""
+    return reader.sql(
+        """
+        WITH scored AS (
+            SELECT prompt_id, any_value(answer_class) AS answer_class, count(DISTINCT step) AS steps,
+                   max(position) + 1 AS tokens
+            FROM ref_tokens WHERE run = $run GROUP BY prompt_id
+        ), asked AS (
+            SELECT prompt_id, any_value(prompt) AS prompt, any_value(answer) AS answer
+            FROM rollouts WHERE run = $run AND kind = 'eval' GROUP BY prompt_id
+        )
+        SELECT s.prompt_id, a.prompt, a.answer, s.answer_class, s.tokens, s.steps
+        FROM scored s LEFT JOIN asked a USING (prompt_id) ORDER BY s.prompt_id
+        """,
+        {"run": run},
+    )
+
+
+def ref_trajectories(reader, runs: tuple[str, ...], prompt_id: int) -> pd.DataFrame:
+    """Every scored token of one held-out prompt's reference solution, per run and evaluation step."""
+    return reader.sql(
+        """SELECT run, step, position, token_text, logp, exp(logp) AS p, entropy FROM ref_tokens
+           WHERE list_contains(?, run) AND prompt_id = ? ORDER BY run, step, position""",
+        [list(runs), prompt_id],
+    )
+
+
+def ref_class_curves(reader, runs: tuple[str, ...]) -> pd.DataFrame:
+    """Per run, evaluation step and answer class: the mean log-prob of a whole reference solution (summed over its
+    tokens, EOS included) and the mean per-token log-prob, over the held-out prompts of that class."""
+    return reader.sql(
+        """
+        WITH solutions AS (
+            SELECT run, step, prompt_id, any_value(answer_class) AS answer_class, sum(logp) AS logp,
+                   count(*) AS tokens
+            FROM ref_tokens WHERE list_contains(?, run) GROUP BY run, step, prompt_id
+        )
+        SELECT run, step, answer_class, avg(logp) AS solution_logp, sum(logp) / sum(tokens) AS token_logp,
+               count(*) AS prompts
+        FROM solutions GROUP BY run, step, answer_class ORDER BY run, answer_class, step
+        """,
+        [list(runs)],
+    )
+
+
+def most_changed_tokens(trajectories: pd.DataFrame, upto_step: int, k: int = 3) -> pd.DataFrame:
+    """Per run, the k reference tokens whose probability moved most between the run's first evaluation and its
+    latest evaluation at or before `upto_step` (run, position, token_text, p_first, p_now, change, first, now)."""
+    picked = []
+    for run, frame in trajectories.groupby("run", sort=True):
+        steps = sorted(frame["step"].unique())
+        now = max((s for s in steps if s <= upto_step), default=steps[0])
+        first = frame[frame["step"] == steps[0]].set_index("position")
+        latest = frame[frame["step"] == now].set_index("position")
+        change = (latest["p"] - first["p"]).dropna()
+        top = change.abs().sort_values(ascending=False, kind="stable").index[:k]
+        picked.append(pd.DataFrame({
+            "run": run, "position": top, "token_text": latest.loc[top, "token_text"].to_numpy(),
+            "p_first": first.loc[top, "p"].to_numpy(), "p_now": latest.loc[top, "p"].to_numpy(),
+            "change": change.loc[top].to_numpy(), "first_step": int(steps[0]), "now_step": int(now),
+        }))
+    columns = ["run", "position", "token_text", "p_first", "p_now", "change", "first_step", "now_step"]
+    return pd.concat(picked, ignore_index=True) if picked else pd.DataFrame(columns=columns)
+
+
+# ---------------------------------------------------------------- token statistics over a step range
+
+_TOKEN_KEY = "(step::HUGEINT * 18446744073709551616 + rollout_id::HUGEINT * 4294967296 + position)"
+"""(step, rollout_id, position) as one number (rollout ids and positions are below 2^32): joining and grouping a
+million tokens on one key takes half the time of three."""
+
+_TRAIN_TOKENS = f"""
+    SELECT t.run, t.step, t.rollout_id, t.position, {_TOKEN_KEY} AS token_key, t.token_text, t.advantage, t.entropy
+    FROM tokens t SEMI JOIN (
+        SELECT run, step, rollout_id FROM rollouts
+        WHERE list_contains($runs, run) AND step BETWEEN $first AND $last AND kind = 'train'
+    ) r ON r.run = t.run AND r.step = t.step AND r.rollout_id = t.rollout_id
+    WHERE list_contains($runs, t.run) AND t.step BETWEEN $first AND $last"""
+"""The train tokens of some runs in a step range (eval completions are logged in `tokens` too, but never trained on)."""
+
+_PASSES = f"""
+    SELECT run, {_TOKEN_KEY} AS token_key, clip, grad_weight, ratio FROM token_passes
+    WHERE list_contains($runs, run) AND step BETWEEN $first AND $last"""
+"""The optimisation passes of some runs in a step range, keyed like `_TRAIN_TOKENS`. Joined to the tokens row by
+row and aggregated straight into the few output groups: a third cheaper than summing each token's passes first."""
+
+
+def token_stats(reader, run: str, first: int, last: int, bucket: int) -> pd.DataFrame:
+    """Per token text (and per position bucket of `bucket` positions when bucket > 0) over steps first..last:
+    count of train tokens, mean advantage and entropy, clip rates (low, high, dual: fractions of the token's
+    optimisation passes), mean |gradient weight| and mean |ratio - 1| per pass."""
+    rates = ", ".join(f'b."{rate_column(code)}"' for code in CLIP_EVENTS)
+    return reader.sql(
+        f"""
+        WITH tok AS (
+            SELECT *, CASE WHEN $bucket > 0 THEN position // $bucket * $bucket END AS position_from
+            FROM ({_TRAIN_TOKENS})
+        ), per_token AS (
+            SELECT token_text, position_from, count(*) AS count, avg(advantage) AS advantage_mean,
+                   avg(entropy) AS entropy_mean
+            FROM tok GROUP BY ALL
+        ), per_pass AS (
+            SELECT t.token_text, t.position_from, count(*) AS passes, {clip_rates("p.clip")},
+                   sum(abs(p.grad_weight)) AS abs_weight, sum(abs(p.ratio - 1)) AS ratio_dev
+            FROM tok t JOIN ({_PASSES}) p USING (run, token_key) GROUP BY ALL
+        )
+        SELECT a.token_text, a.position_from, a.count, a.advantage_mean, {rates},
+               b.abs_weight / b.passes AS abs_grad_weight_mean, b.ratio_dev / b.passes AS ratio_deviation_mean,
+               a.entropy_mean
+        FROM per_token a LEFT JOIN per_pass b
+             ON b.token_text = a.token_text AND b.position_from IS NOT DISTINCT FROM a.position_from
+        ORDER BY a.count DESC, a.token_text, a.position_from
+        """,
+        {"runs": [run], "first": first, "last": last, "bucket": bucket},
+    )
+
+
+def rollouts_with_token(reader, run: str, first: int, last: int, token_text: str, bucket: int,
+                        position_from: int | None, limit: int = 500) -> pd.DataFrame:
+    """The train rollouts of steps first..last that hold a token text (within a position bucket, when given),
+    with how often and where."""
+    return reader.sql(
+        f"""
+        WITH tok AS ({_TRAIN_TOKENS})
+        SELECT r.step, r.rollout_id, r.group_id, count(*) AS occurrences, list(t.position ORDER BY t.position)
+               AS positions, r.completion, r.reward, r.advantage, r.length
+        FROM tok t JOIN rollouts r ON r.run = t.run AND r.step = t.step AND r.rollout_id = t.rollout_id
+        WHERE t.token_text = $token AND ($bucket <= 0 OR t.position // $bucket * $bucket = $position_from)
+        GROUP BY ALL ORDER BY r.step, r.rollout_id LIMIT $limit
+        """,
+        {"runs": [run], "first": first, "last": last, "token": token_text, "bucket": bucket,
+         "position_from": position_from, "limit": limit},
+    )
+
+
+def entropy_bins(reader, runs: tuple[str, ...], first: int, last: int, bins: int) -> pd.DataFrame:
+    """Train tokens binned by the quantile of their entropy within their own response, per run: clip rates
+    (fractions of the token x pass rows) and each bin's share of the run's total |gradient weight|, steps first..last.
+
+    A response's cut points are the linearly interpolated quantiles of its token entropies at 1/bins, 2/bins, ...
+    (as torch.nanquantile computes them); a token's bin is the number of cut points strictly below its entropy. With
+    10 bins, bins 8 and 9 are exactly the tokens ASPO treats as high-entropy (entropy > the 80th percentile).
+    """
+    if not (isinstance(bins, int) and 2 <= bins <= 100):
+        raise ValueError(f"bins = {bins!r}; accepted: an integer from 2 to 100")
+    cuts = ", ".join(f"{k / bins!r}" for k in range(1, bins))
+    # Written out (from the integer `bins` only): one comparison per cut point is cheaper than a list lambda.
+    bin_of = " + ".join(f"(t.entropy > c.cuts[{k}])::INT" for k in range(1, bins))
+    rates = ", ".join(f'pb."{rate_column(code)}"' for code in CLIP_EVENTS)
+    return reader.sql(
+        f"""
+        WITH tok AS ({_TRAIN_TOKENS}),
+        cut_points AS (
+            SELECT run, step, rollout_id, quantile_cont(entropy, [{cuts}]) AS cuts
+            FROM tok GROUP BY run, step, rollout_id
+        ), binned AS (
+            SELECT t.run, t.token_key, {bin_of} AS bin
+            FROM tok t JOIN cut_points c USING (run, step, rollout_id) WHERE t.entropy IS NOT NULL
+        ), per_bin AS (
+            SELECT b.run, b.bin, count(*) AS pass_rows, avg((p.clip <> {CLIP_NONE})::DOUBLE) AS clip_rate,
+                   {clip_rates("p.clip")}, sum(abs(p.grad_weight)) AS abs_weight
+            FROM binned b JOIN ({_PASSES}) p USING (run, token_key)
+            GROUP BY b.run, b.bin
+        )
+        SELECT x.algorithm, pb.run, pb.bin, (pb.bin + 0.5) / $bins AS quantile_mid, pb.pass_rows, pb.clip_rate,
+               {rates}, pb.abs_weight,
+               pb.abs_weight / nullif(sum(pb.abs_weight) OVER (PARTITION BY pb.run), 0) AS weight_share
+        FROM per_bin pb JOIN runs x ON x.run = pb.run ORDER BY pb.run, pb.bin
+        """,
+        {"runs": list(runs), "first": first, "last": last, "bins": bins},
+    )
