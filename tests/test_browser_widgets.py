@@ -88,7 +88,7 @@ def test_every_widget_of_every_page_can_be_changed(widget_logs):
             titles = [text.splitlines()[-1] for text in links.all_inner_texts()]  # (after the icon's name)
             for i, title in enumerate(titles):  # every page, found in the navigation
                 before = watch.count()
-                links.nth(i).click()
+                links.nth(i).click(timeout=120_000)  # (a generous deadline: a busy machine)
                 widgets.wait_idle(page, watch, before)
                 # Changing the run leaves this run's pages: done once per run, on its last page.
                 skip = set() if title == titles[-1] else {'sidebar: stSelectbox "Run"'}
