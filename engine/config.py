@@ -423,9 +423,17 @@ class TrainConfig:
             bad(f"sampler_lag must be an integer >= 0 (updates the sampler's weights lag behind), got "
                 f"{self.sampler_lag!r}")
         try:
-            CorrectionConfig.of(self)
+            corrections = CorrectionConfig.of(self)
         except CorrectionError as error:
             bad(str(error))
+        from engine.objectives import OBJECTIVES
+
+        weighs = corrections.rollout_is is not None or corrections.off_policy_mask is not None
+        if weighs and not OBJECTIVES[self.algo].loss_scales_with_advantage:  # said now, not after the warm start
+            accepted = ", ".join(name for name, entry in OBJECTIVES.items() if entry.loss_scales_with_advantage)
+            bad(f"--rollout-is and --off-policy-mask weigh a token's loss through its advantage, and {self.algo}'s "
+                f"loss is not proportional to the advantage; --rollout-rs works with every algorithm, weights with: "
+                f"{accepted}")
 
     def _validate_critic(self, bad) -> None:
         from engine import objectives

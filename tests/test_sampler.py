@@ -103,6 +103,7 @@ def test_the_sampler_refuses_bad_settings(kwargs, message):
     (dict(rollout_rs="token_k2"), "--rollout-rs-threshold is required for token_k2"),
     (dict(off_policy_mask=-0.5), "--off-policy-mask = -0.5 is invalid"),
     (dict(rollout_is_batch_normalize=True, rollout_is="token_mask"), "needs --rollout-is token or sequence"),
+    (dict(algo="dro", rollout_is="token"), "dro's loss is not proportional to the advantage"),
 ])
 def test_bad_sampler_and_correction_settings_are_clear_config_errors(overrides, message):
     from tests.conftest import tiny_config
