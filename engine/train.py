@@ -15,6 +15,14 @@ every ratio is 1 and no clip can act). Everything the objective did is recorded 
 built by engine.logrows): per token per pass the log-prob the loss used, ratio, clip code, gradient weight, token
 loss and KL.
 
+The rollouts come from the sampler (engine.sampler): the policy itself by default, or its own copy in another
+precision (`--sampler-dtype`) and/or with the weights of `--sampler-lag` updates ago, refreshed after every update as
+a rollout engine is after a weight sync; with `--top-k` / `--top-p` it reports truncated, renormalised log-probs.
+The gap between its log-probs and old_logp (the trainer's) is logged per token and per step (`mismatch_*` in the
+steps' extra), and the corrections of engine.corrections (`--rollout-is`, `--rollout-rs`, `--off-policy-mask`)
+act on it: once per batch `correct_batch`, in every pass `loss_inputs` (the weighted advantages and mask the
+objective gets), logged per token and pass as `is_weight` and `rejected`.
+
 Step 0 is the warm start: only the held-out evaluation is logged there, so every curve starts at the warm start.
 
 Under torchrun (`policylens train --nproc N`) the same loop runs on every rank, data-parallel: each rank samples
