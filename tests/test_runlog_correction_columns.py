@@ -6,11 +6,11 @@ from __future__ import annotations
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.parquet as pq
+from synthetic_runs import write_run_before_columns
 
 from engine.cli import main
 from engine.correction_settings import REJECT_NAMES
-from engine.runlog import ADDED_COLUMNS, TABLE_SCHEMAS, RunReader, RunWriter, data_dir_of
+from engine.runlog import ADDED_COLUMNS, TABLE_SCHEMAS, RunReader, RunWriter
 
 NEW = ["is_weight", "rejected"]
 
@@ -51,11 +51,7 @@ def test_they_read_back_through_the_reader_and_the_cli(tmp_path, capsys):
 
 def test_a_run_logged_before_the_columns_reads_them_as_null(tmp_path):
     rng = np.random.default_rng(4)
-    writer = RunWriter.create(tmp_path, "old", background=False, compact_every=1000)
-    writer.log_step(1, token_passes=_passes(5, rng, corrected=False))
-    writer.close()
-    (path,) = data_dir_of(tmp_path / "old").glob("step-*/token_passes.parquet")
-    pq.write_table(pq.read_table(path).drop_columns(NEW), path)  # as the release before them wrote it
+    write_run_before_columns(tmp_path, "old", "token_passes", _passes(5, rng, corrected=False), NEW)
     with RunReader(tmp_path) as reader:
         assert reader.problems == []
         assert reader.rows("SELECT count(*), count(is_weight), count(rejected) FROM token_passes")[1] == [(5, 0, 0)]

@@ -106,15 +106,16 @@ def test_the_sampler_refuses_bad_settings(kwargs, message):
     (dict(algo="dro", rollout_is="token"), "dro's loss is not proportional to the advantage"),
 ])
 def test_bad_sampler_and_correction_settings_are_clear_config_errors(overrides, message):
-    from tests.conftest import tiny_config
+    from conftest import tiny_config
 
     with pytest.raises(ConfigError, match=message):
         tiny_config(**overrides)
 
 
 def test_corrections_are_refused_over_several_processes():
+    from conftest import tiny_config
+
     from engine.distributed import check_world
-    from tests.conftest import tiny_config
 
     check_world(tiny_config(sampler_dtype="bfloat16", sampler_lag=2), 2)  # the sampler itself works per rank
     with pytest.raises(ConfigError, match=r"single-process for now \(--nproc 1\)"):
