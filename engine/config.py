@@ -47,6 +47,9 @@ def resolve_device(name: str = "auto"):
     return torch.device(name)
 
 
+SAMPLER_DTYPES = ("float32", "bfloat16", "float16")  # engine.sampler: the sampler copy's precision
+
+
 class ConfigError(ValueError):
     """A configuration that cannot train; the message says which field and what to do about it."""
 
@@ -129,6 +132,17 @@ class TrainConfig:
     temperature so that the sampled policy is the policy being optimised."""
     top_p: float = 1.0
     """Nucleus sampling threshold for training rollouts (1.0 = off, as in DAPO)."""
+    top_k: int = 0
+    """Top-k truncation of the sampling distribution (0 = off). The sampler reports the log-prob of the truncated,
+    renormalised distribution as `sampler_logp`, as vLLM does, so top-k / top-p open a gap to the trainer's
+    old_logp (README, "Sampler and trainer mismatch")."""
+    sampler_dtype: str = "float32"
+    """Precision of the sampler, the policy copy that generates rollouts (engine.sampler). `bfloat16` reproduces a
+    bf16 rollout engine next to an fp32 trainer (the mismatch of TRL issues 3867 and 6789, verl 2953); `float32`:
+    the sampler is the policy itself (no copy)."""
+    sampler_lag: int = 0
+    """The sampler holds the trainer's weights of this many updates ago (the staleness of asynchronous RL, e.g.
+    AReaL, Fu et al. 2025; verl's one-step off-policy mode is lag 1). 0: synced after every update."""
     max_new_tokens: int | None = None
     """Response budget in tokens; a completion without EOS within it is `truncated`. None: the task's budget (its
     longest reference solution + EOS + 8 tokens of slack: 30 for linear, 102 for chain)."""
@@ -254,6 +268,28 @@ class TrainConfig:
     """Save model, optimizer and RNG state into the run folder every N steps (and when stopping), so that a killed
     run resumes after its last logged step (a few percent of a step's time for the built-in model; see README).
     0: only when stopping or finishing (a killed run then resumes from the warm start)."""
+    # ------------------------------------------------------------------ sampler/trainer mismatch corrections
+    # (engine.corrections; validated by engine.correction_settings.CorrectionConfig; all off by default)
+    rollout_is: str | None = None
+    """Importance weight pi_trainer / pi_sampler (detached) on each token's loss. `token` / `sequence`: verl 0.9.1
+    `rollout_is` (TIS, Yao et al. 2025; IcePop with a lower_upper threshold, Ling Team 2025); `token_truncate`,
+    `token_mask`, `sequence_truncate`, `sequence_mask`: TRL 1.16 `vllm_importance_sampling_mode` (Liu, Li et al.
+    2025). None: off."""
+    rollout_is_threshold: str | None = None
+    """IS bound: `u` truncates at u (verl default 2.0; TRL C_max default 3.0), `l_u` zeroes (verl IcePop, TRL
+    `*_mask`) or clamps (TRL `*_truncate`) outside [l, u]. None: the reference's default."""
+    rollout_is_batch_normalize: bool = False
+    """Rescale verl IS weights to mean 1 over the batch (verl `rollout_is_batch_normalize`, default off)."""
+    rollout_rs: str | None = None
+    """Rejection options of verl 0.9.1 `compute_rollout_rejection_mask`, comma separated (token_k1/k2/k3,
+    seq_sum_k*, seq_mean_k*, seq_max_k2/k3): a rejected token or sequence leaves the loss mask. None: off."""
+    rollout_rs_threshold: str | None = None
+    """One threshold per rejection option or one shared (k1: `l_u` or u for [1/u, u]). None: verl's presets
+    (seq_sum_k1 0.5_2.0, seq_mean_k1 0.999_1.001, seq_mean_k3 0.01)."""
+    off_policy_mask: float | None = None
+    """Drop sequences with negative advantage whose mean (sampler - trainer) log-prob exceeds this delta
+    (DeepSeek-V3.2, Eq. 9; TRL 1.16 `off_policy_mask_threshold`). None: off."""
+
     log_tokens: bool = True
     """Log per-token rows (tokens, token_passes, prm_steps, ref_tokens). Off: only steps and rollouts (for
     benchmarking)."""
@@ -329,6 +365,7 @@ class TrainConfig:
             bad(f"eval_temperature must be in (0, 10], got {self.eval_temperature}")
         if not 0.0 < self.top_p <= 1.0:
             bad(f"top_p must be in (0, 1], got {self.top_p}")
+        self._validate_sampler(bad)
         if self.max_new_tokens < 1:
             bad(f"max_new_tokens must be >= 1, got {self.max_new_tokens}")
         try:  # the objective's own hyper-parameters are checked where they are defined
@@ -374,6 +411,29 @@ class TrainConfig:
             bad(f"model_size must be 'default' or 'tiny', got {self.model_size!r}")
         if self.sft_steps is not None and self.sft_steps < 0:
             bad(f"sft_steps must be >= 0, got {self.sft_steps}")
+
+    def _validate_sampler(self, bad) -> None:
+        from engine.correction_settings import CorrectionConfig, CorrectionError
+
+        if isinstance(self.top_k, bool) or not isinstance(self.top_k, int) or self.top_k < 0:
+            bad(f"top_k must be an integer >= 0 (0: off), got {self.top_k!r}")
+        if self.sampler_dtype not in SAMPLER_DTYPES:
+            bad(f"sampler_dtype must be one of {', '.join(SAMPLER_DTYPES)}, got {self.sampler_dtype!r}")
+        if isinstance(self.sampler_lag, bool) or not isinstance(self.sampler_lag, int) or self.sampler_lag < 0:
+            bad(f"sampler_lag must be an integer >= 0 (updates the sampler's weights lag behind), got "
+                f"{self.sampler_lag!r}")
+        try:
+            corrections = CorrectionConfig.of(self)
+        except CorrectionError as error:
+            bad(str(error))
+        from engine.objectives import OBJECTIVES
+
+        weighs = corrections.rollout_is is not None or corrections.off_policy_mask is not None
+        if weighs and not OBJECTIVES[self.algo].loss_scales_with_advantage:  # said now, not after the warm start
+            accepted = ", ".join(name for name, entry in OBJECTIVES.items() if entry.loss_scales_with_advantage)
+            bad(f"--rollout-is and --off-policy-mask weigh a token's loss through its advantage, and {self.algo}'s "
+                f"loss is not proportional to the advantage; --rollout-rs works with every algorithm, weights with: "
+                f"{accepted}")
 
     def _validate_critic(self, bad) -> None:
         from engine import objectives
@@ -506,7 +566,10 @@ def add_config_arguments(parser) -> None:
     from engine.objectives import ALGORITHMS
 
     docs = field_docs()
-    choices = {"algo": ALGORITHMS, "supervision": SUPERVISIONS, "device": DEVICES}
+    from engine.correction_settings import ROLLOUT_IS_CHOICES
+
+    choices = {"algo": ALGORITHMS, "supervision": SUPERVISIONS, "device": DEVICES, "sampler_dtype": SAMPLER_DTYPES,
+               "rollout_is": ROLLOUT_IS_CHOICES}
     group = parser.add_argument_group("config fields (default: the config file, then the algorithm preset)")
     for f in knob_fields():
         flag = "--" + f.name.replace("_", "-")

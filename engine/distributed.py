@@ -111,6 +111,13 @@ def check_world(cfg, nproc: int) -> None:
     if uses_critic(cfg.algo):
         raise ConfigError(f"--algo {cfg.algo} trains a critic, which is not data-parallel yet; run it with one "
                           f"process (--nproc 1), or pick an algorithm without a critic")
+    from engine.correction_settings import CorrectionConfig
+
+    if CorrectionConfig.of(cfg).enabled:
+        raise ConfigError(
+            "--rollout-is, --rollout-rs and --off-policy-mask are single-process for now (--nproc 1): their "
+            "batch-level statistics (sequence rejection rates, batch-normalised IS weights, effective sample size) "
+            "would need an all-reduce of per-rank tensors that is not wired in; run with --nproc 1 or drop them")
     groups = cfg.prompts_per_step
     if groups % nproc:
         raise ConfigError(

@@ -28,6 +28,7 @@ import torch
 
 from engine.algorithms import objective
 from engine.clip_codes import CLIP_EVENTS, RULE_EVENTS, clip_fractions, count_clip_events, fraction_column
+from engine.corrections import BatchCorrection, LossInputs, offpolicy_metrics
 from engine.objectives import PolicyLossOutput
 from engine.rollout import Batch, EvalResult, Rollout, TokenText
 
@@ -52,6 +53,10 @@ class PassRecord:
     loss: float
     """This process's share of the pass's loss (with several ranks the shares add up to the loss)."""
     grad_norm: float
+    # with a sampler/trainer mismatch correction on (engine.corrections), else None:
+    is_weight: torch.Tensor | None = None  # (b, T) the batch's IS weight of each token, None when IS is off
+    rejected: torch.Tensor | None = None  # (b, T) int8 reason code (engine.correction_settings REJECT_*)
+    correction_metrics: dict[str, float] | None = None  # the batch's correct_batch metrics (the same every pass)
 
 
 def _pad_right(x: torch.Tensor, T: int, dtype=torch.float32) -> torch.Tensor:
@@ -61,14 +66,22 @@ def _pad_right(x: torch.Tensor, T: int, dtype=torch.float32) -> torch.Tensor:
     return full
 
 
-def pass_record(idx: torch.Tensor, T: int, logp: torch.Tensor, out: PolicyLossOutput, grad_norm: float) -> PassRecord:
-    """The record of one pass over the rows `idx`: `logp` (b, t) and policy_loss's diagnostics, padded to (b, T)."""
+def pass_record(idx: torch.Tensor, T: int, logp: torch.Tensor, out: PolicyLossOutput, grad_norm: float,
+                correction: BatchCorrection | None = None, corrected: LossInputs | None = None) -> PassRecord:
+    """The record of one pass over the rows `idx`: `logp` (b, t) and policy_loss's diagnostics, padded to (b, T);
+    with a correction, the batch's (`correction`, engine.corrections.correct_batch) IS weights of these rows and
+    this pass's rejection codes (`corrected`, engine.corrections.loss_inputs)."""
+    weight = None
+    if correction is not None and correction.weight is not None:
+        weight = _pad_right(correction.weight[idx, : logp.shape[1]], T)
     return PassRecord(
         idx=idx.cpu(), new_logp=_pad_right(logp, T), ratio=_pad_right(out.ratio, T),
         clip=_pad_right(out.clip, T, torch.int8), grad_weight=_pad_right(out.grad_weight, T),
         token_loss=_pad_right(out.token_loss, T), kl=_pad_right(out.kl, T) if out.kl is not None else None,
         seq_ratio=out.seq_ratio.cpu() if out.seq_ratio is not None else None, loss=float(out.loss.detach()),
-        grad_norm=grad_norm,
+        grad_norm=grad_norm, is_weight=weight,
+        rejected=_pad_right(corrected.rejected, T, torch.int8) if corrected is not None else None,
+        correction_metrics=correction.metrics if correction is not None else None,
     )
 
 
@@ -105,9 +118,10 @@ def _rollout_rows(rollouts: list[Rollout], kind: str, first_id: int, group_offse
 
 
 def _token_rows(rollouts: list[Rollout], first_id: int, tt: TokenText, old_logp, ref_logp, entropy,
-                advantages, critic: tuple | None = None) -> dict:
+                advantages, critic: tuple | None = None, sampler: tuple | None = None) -> dict:
     """Token rows of rollouts whose (n, T) tensors are given (rows in the same order as `rollouts`); `critic` is
-    (values, returns, kl_reward) of a critic algorithm's batch (else those columns are NULL)."""
+    (values, returns, kl_reward) of a critic algorithm's batch, `sampler` (sampler_logp, sampler_logp_full) of a
+    training batch (else those columns are NULL)."""
     lengths = [r.length for r in rollouts]
     n = sum(lengths)
     rid = np.repeat(np.arange(first_id, first_id + len(rollouts)), lengths)
@@ -132,6 +146,7 @@ def _token_rows(rollouts: list[Rollout], first_id: int, tt: TokenText, old_logp,
         "entropy": flat(entropy), "advantage": flat(advantages) if advantages is not None else np.zeros(n),
         "prm_step": [None if p < 0 else int(p) for p in prm],
         **({"value": flat(critic[0]), "return": flat(critic[1]), "kl_reward": flat(critic[2])} if critic else {}),
+        **({"sampler_logp": flat(sampler[0]), "sampler_logp_full": flat(sampler[1])} if sampler else {}),
     }
 
 
@@ -164,6 +179,10 @@ def _pass_rows(records: list[PassRecord], batch: Batch, first_id: int = 0) -> di
         parts["clip"].append(rec.clip[keep].numpy())
         parts["kl"].append(rec.kl[keep].numpy().astype(np.float64) if rec.kl is not None
                            else np.full(len(rows), np.nan))
+        if rec.rejected is not None:  # a correction is on (the same for every pass): else both columns stay NULL
+            parts.setdefault("rejected", []).append(rec.rejected[keep].numpy())
+            parts.setdefault("is_weight", []).append(rec.is_weight[keep].numpy().astype(np.float64)
+                                                     if rec.is_weight is not None else np.full(len(rows), np.nan))
     return {k: np.concatenate(v) for k, v in parts.items()}
 
 
@@ -277,6 +296,23 @@ def step_metrics(batch: Batch, records: list[PassRecord], ev: EvalResult | None,
     }
 
 
+SAMPLER_COLUMNS = ("sampler_logp", "sampler_logp_full")
+MISMATCH_PREFIX = "mismatch_"  # steps.extra keys of the sampler/trainer mismatch (`mismatch_metrics`)
+
+
+def mismatch_metrics(batch: Batch, records: list[PassRecord]) -> dict[str, float]:
+    """The step's sampler/trainer mismatch, for the `steps` table's `extra` (each key prefixed `mismatch_`): verl's
+    off-policy diagnostics of old_logp vs sampler_logp over the loss tokens (engine.corrections.offpolicy_metrics),
+    and with a correction on its rejection shares and IS weight mean / max / ESS. Empty without sampler log-probs."""
+    if records and records[0].correction_metrics is not None:
+        values = records[0].correction_metrics
+    elif batch.sampler_logp is not None:
+        values = offpolicy_metrics(batch.old_logp, batch.sampler_logp, batch.loss_mask)
+    else:
+        return {}
+    return {MISMATCH_PREFIX + name: value for name, value in values.items()}
+
+
 @dataclass(frozen=True)
 class RankIds:
     """Where one rank's rollouts sit in the step's numbering, so that rollout and group ids are unique across ranks:
@@ -322,13 +358,16 @@ def step_tables(batch: Batch, records: list[PassRecord], ev: EvalResult | None, 
     tokens = passes = prm = None
     if cfg.log_tokens:
         critic = (batch.values, batch.returns, batch.kl_reward) if batch.values is not None else None
+        sampler = (batch.sampler_logp, batch.sampler_logp_full) if batch.sampler_logp is not None else None
         tokens = _token_rows(batch.rollouts, first_kept, tt, batch.old_logp, batch.ref_logp, batch.entropy,
-                             batch.advantages, critic)
+                             batch.advantages, critic, sampler)
         passes = _pass_rows(records, batch, first_kept)
         prm = _concat(_prm_rows(batch.rollouts, first_kept), _prm_rows(batch.dropped, first_dropped))
     if ev is not None:
         first = kept_total + dropped_total
         e_roll, e_tok, e_prm = eval_tables(ev, first, (kept_total + dropped_total) // G, tt, cfg.log_tokens)
+        if e_tok is not None and tokens is not None:  # held-out rollouts come from the policy: no sampler (NULL)
+            e_tok.update({name: [None] * len(e_tok["position"]) for name in SAMPLER_COLUMNS if name in tokens})
         rollouts = _concat(rollouts, e_roll)
         tokens, prm = _concat(tokens, e_tok), _concat(prm, e_prm)
     return {"rollouts": rollouts, "tokens": tokens, "token_passes": passes, "prm_steps": prm}

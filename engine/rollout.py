@@ -12,7 +12,9 @@ One training batch, in order (the "sample -> reward -> advantage" half of the lo
    further generation batches are drawn until the batch is full; `max_gen_batches` bounds the attempts;
 4. advantages: group-normalised outcome rewards, or, under process supervision, normalised step rewards summed from
    each token onwards (engine.advantages);
-5. one no-grad forward of the policy (old log-probs, entropy) and one of the reference (ref log-probs) over the batch.
+5. one no-grad forward of the policy (old log-probs, entropy) and one of the reference (ref log-probs) over the batch;
+   the sampler's log-probs (engine.sampler) come from the same forward when the sampler is the policy, else from one
+   forward of the sampler's copy.
 
 Layout of the tensors: every sequence is `[left-padded prompt | completion | right padding]`, exactly what
 `model.generate` returns, so old log-probs and the log-probs of the update passes come from the same computation and
@@ -39,6 +41,7 @@ import torch.nn.functional as F
 from engine.advantages import group_advantages, normalized_step_rewards, process_advantages
 from engine.distributed import World
 from engine.rewards import overlong_penalty
+from engine.sampler import truncated_logprobs
 from engine.tasks import Problem, StepScore, Task
 
 # ----------------------------------------------------------------------------- records
@@ -113,6 +116,9 @@ class Batch:
     returns: torch.Tensor | None = None  # (B, T) GAE returns = advantages + values, the critic's targets
     kl_reward: torch.Tensor | None = None  # (B, T) the KL part of the per-token reward, -kl_coef * (old - ref)
     loss_advantages: torch.Tensor | None = None  # (B, T) what the policy loss uses when it is not `advantages`
+    # What the sampler (engine.sampler) reported for each sampled token; None when unknown:
+    sampler_logp: torch.Tensor | None = None  # (B, T) under its top-k / top-p truncated, renormalised distribution
+    sampler_logp_full: torch.Tensor | None = None  # (B, T) under its full distribution (at the temperature)
 
     @property
     def completion_ids(self) -> torch.Tensor:  # (B, T)
@@ -147,8 +153,9 @@ class PromptSampler:
 
 @torch.no_grad()
 def generate(model, tokenizer, prompts: list[str], *, do_sample: bool, temperature: float, top_p: float,
-             max_new_tokens: int) -> tuple[torch.Tensor, torch.Tensor, int]:
+             max_new_tokens: int, top_k: int = 0) -> tuple[torch.Tensor, torch.Tensor, int]:
     """Sample one completion per prompt. Returns (input_ids (N, P+T), attention_mask (N, P+T), P).
+    `top_k` 0: no top-k truncation.
 
     Positions after a sequence's EOS hold the pad token and have attention_mask 0.
     """
@@ -160,7 +167,7 @@ def generate(model, tokenizer, prompts: list[str], *, do_sample: bool, temperatu
     kwargs = dict(do_sample=do_sample, max_new_tokens=max_new_tokens, pad_token_id=tokenizer.pad_token_id,
                   eos_token_id=tokenizer.eos_token_id)
     if do_sample:
-        kwargs.update(temperature=temperature, top_p=top_p, top_k=0)
+        kwargs.update(temperature=temperature, top_p=top_p, top_k=top_k)
     else:
         kwargs.update(temperature=None, top_p=None, top_k=None)
     out = model.generate(input_ids=prompt_ids, attention_mask=prompt_mask, **kwargs)  # (N, P + T)
@@ -175,16 +182,27 @@ def generate(model, tokenizer, prompts: list[str], *, do_sample: bool, temperatu
     return input_ids, attention_mask, P
 
 
-def token_logprobs(model, input_ids: torch.Tensor, attention_mask: torch.Tensor, prompt_len: int,
-                   temperature: float) -> tuple[torch.Tensor, torch.Tensor]:
-    """Log-prob of every completion token and the entropy of its distribution, both (N, T).
+def completion_logits(model, input_ids: torch.Tensor, attention_mask: torch.Tensor, prompt_len: int,
+                      temperature: float) -> torch.Tensor:
+    """(N, T, V) float32 logits at `temperature` predicting each completion token (computed in the model's dtype).
 
-    Differentiable (call under torch.no_grad() for old/ref log-probs). Position ids count real tokens only, as
-    `generate` does for left-padded prompts, so a prompt's padding does not shift its positions.
+    Position ids count real tokens only, as `generate` does for left-padded prompts, so a prompt's padding does not
+    shift its positions.
     """
     position_ids = (attention_mask.cumsum(-1) - 1).clamp(min=0)  # (N, L)
     logits = model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids).logits
-    logits = logits[:, prompt_len - 1 : -1].float() / temperature  # (N, T, V) predicts completion tokens
+    return logits[:, prompt_len - 1 : -1].float() / temperature  # (N, T, V)
+
+
+def token_logprobs(model, input_ids: torch.Tensor, attention_mask: torch.Tensor, prompt_len: int,
+                   temperature: float, logits: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """Log-prob of every completion token and the entropy of its distribution, both (N, T).
+
+    Differentiable (call under torch.no_grad() for old/ref log-probs). `logits`: the model's `completion_logits`
+    when the caller already has them (no second forward).
+    """
+    if logits is None:
+        logits = completion_logits(model, input_ids, attention_mask, prompt_len, temperature)  # (N, T, V)
     logp_all = F.log_softmax(logits, dim=-1)  # (N, T, V)
     targets = input_ids[:, prompt_len:]  # (N, T)
     logp = logp_all.gather(-1, targets.unsqueeze(-1)).squeeze(-1)  # (N, T)
@@ -311,7 +329,7 @@ def sample_groups(model, tokenizer, tt: TokenText, task: Task, problems: list[Pr
     G = cfg.group_size
     prompts = [p.prompt for p in problems for _ in range(G)]
     input_ids, attention_mask, P = generate(model, tokenizer, prompts, do_sample=True, temperature=cfg.temperature,
-                                            top_p=cfg.top_p, max_new_tokens=cfg.max_new_tokens)
+                                            top_p=cfg.top_p, top_k=cfg.top_k, max_new_tokens=cfg.max_new_tokens)
     completion_mask = attention_mask[:, P:]  # (N, T)
     lengths = completion_mask.sum(-1).tolist()
     comp = input_ids[:, P:].tolist()
@@ -341,8 +359,11 @@ def _pad_cat(tensors: list[torch.Tensor], prompt_lens: list[int], pad_id: int) -
 
 
 def collect_batch(policy, ref, tokenizer, task: Task, sampler: PromptSampler, cfg, tt: TokenText | None = None,
-                  world: World | None = None) -> Batch:
+                  world: World | None = None, sampler_model=None) -> Batch:
     """Sample, score, (dynamically) filter and compute advantages and old/ref log-probs for one training step.
+
+    `sampler_model` generates the completions and reports their sampler log-probs (engine.sampler.PolicySampler's
+    model; None: the policy itself, which then gives old and sampler log-probs in one forward).
 
     With several ranks (`world`, engine.distributed) this is one rank's share: batch_size / N completions in whole
     groups. Dynamic sampling then fills the global batch: after every generation round the ranks all-reduce how
@@ -374,8 +395,8 @@ def collect_batch(policy, ref, tokenizer, task: Task, sampler: PromptSampler, cf
         problems = sampler.draw(n_groups if gen_batches == 0 else min(n_groups, 2 * missing)) if missing else []
         gen_batches += 1
         if problems:
-            rollouts, input_ids, attention_mask, P = sample_groups(policy, tokenizer, tt, task, problems, cfg,
-                                                                   group_counter)
+            rollouts, input_ids, attention_mask, P = sample_groups(sampler_model or policy, tokenizer, tt, task,
+                                                                   problems, cfg, group_counter)
             group_counter += len(problems)
         for g in range(len(problems)):
             group = rollouts[g * G : (g + 1) * G]
@@ -436,15 +457,26 @@ def collect_batch(policy, ref, tokenizer, task: Task, sampler: PromptSampler, cf
     # ---- old and reference log-probs (no grad, one forward each)
     device = input_ids.device
     with torch.no_grad():
-        old_logp, entropy = token_logprobs(policy, input_ids, attention_mask, P, cfg.temperature)
+        logits = completion_logits(policy, input_ids, attention_mask, P, cfg.temperature)  # (B, T, V)
+        old_logp, entropy = token_logprobs(policy, input_ids, attention_mask, P, cfg.temperature, logits)
+        separate = sampler_model is not None and sampler_model is not policy
+        if separate:  # its own weights or precision: its own forward, as the rollout engine's
+            logits = completion_logits(sampler_model, input_ids, attention_mask, P, cfg.temperature)
+        if separate or cfg.top_k or cfg.top_p < 1.0:
+            sampler_logp, sampler_logp_full = truncated_logprobs(logits, input_ids[:, P:], cfg.top_k, cfg.top_p)
+        else:  # the policy sampled from its full distribution: the sampler's log-probs are the old ones
+            sampler_logp = sampler_logp_full = old_logp
+        del logits
         ref_logp = None
         if ref is not None:
             ref_logp, _ = token_logprobs(ref, input_ids, attention_mask, P, cfg.temperature)
+    token_mask_d = token_mask.to(device)
     return Batch(
         rollouts=rollouts, dropped=dropped, gen_batches=gen_batches, input_ids=input_ids,
         attention_mask=attention_mask, prompt_len=P, token_mask=token_mask.to(device),
         loss_mask=loss_mask.to(device), old_logp=old_logp * token_mask.to(device), ref_logp=ref_logp,
         entropy=entropy * token_mask.to(device), advantages=advantages.to(device),
+        sampler_logp=sampler_logp * token_mask_d, sampler_logp_full=sampler_logp_full * token_mask_d,
     )
 
 
@@ -477,7 +509,8 @@ def evaluate(policy, ref, tokenizer, task: Task, problems: list[Problem], cfg, s
         greedy = generate(policy, tokenizer, [p.prompt for p in problems], do_sample=False, temperature=1.0,
                           top_p=1.0, max_new_tokens=cfg.max_new_tokens)
         sampled = generate(policy, tokenizer, [p.prompt for p in problems], do_sample=True,
-                           temperature=cfg.eval_temperature, top_p=cfg.top_p, max_new_tokens=cfg.max_new_tokens)
+                           temperature=cfg.eval_temperature, top_p=cfg.top_p, top_k=cfg.top_k,
+                           max_new_tokens=cfg.max_new_tokens)
     input_ids, P = _pad_cat([greedy[0], sampled[0]], [greedy[2], sampled[2]], tokenizer.pad_token_id)
     attention_mask, _ = _pad_cat([greedy[1], sampled[1]], [greedy[2], sampled[2]], 0)
     lengths = attention_mask[:, P:].sum(-1).tolist()

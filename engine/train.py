@@ -15,6 +15,14 @@ every ratio is 1 and no clip can act). Everything the objective did is recorded 
 built by engine.logrows): per token per pass the log-prob the loss used, ratio, clip code, gradient weight, token
 loss and KL.
 
+The rollouts come from the sampler (engine.sampler): the policy itself by default, or its own copy in another
+precision (`--sampler-dtype`) and/or with the weights of `--sampler-lag` updates ago, refreshed after every update as
+a rollout engine is after a weight sync; with `--top-k` / `--top-p` it reports truncated, renormalised log-probs.
+The gap between its log-probs and old_logp (the trainer's) is logged per token and per step (`mismatch_*` in the
+steps' extra), and the corrections of engine.corrections (`--rollout-is`, `--rollout-rs`, `--off-policy-mask`)
+act on it: once per batch `correct_batch`, in every pass `loss_inputs` (the weighted advantages and mask the
+objective gets), logged per token and pass as `is_weight` and `rejected`.
+
 Step 0 is the warm start: only the held-out evaluation is logged there, so every curve starts at the warm start.
 
 Under torchrun (`policylens train --nproc N`) the same loop runs on every rank, data-parallel: each rank samples
@@ -59,12 +67,24 @@ from engine.checkpoints import (  # noqa: F401  (also re-exported: engine.train'
     seed_rank_streams,
 )
 from engine.config import TrainConfig, resolve_device
+from engine.correction_settings import CorrectionConfig
+from engine.corrections import correct_batch, loss_inputs
 from engine.critic import PPOCritic
 from engine.distributed import World, check_world, close_world, init_world, world_size_from_env
-from engine.logrows import PassRecord, RankIds, eval_tables, pass_record, step_metrics, step_tables, step_totals
+from engine.logrows import (
+    PassRecord,
+    RankIds,
+    eval_tables,
+    mismatch_metrics,
+    pass_record,
+    step_metrics,
+    step_tables,
+    step_totals,
+)
 from engine.minibatches import minibatches, optimizer_step
 from engine.objectives import BatchTotals, policy_loss
 from engine.rollout import Batch, EvalResult, PromptSampler, TokenText, collect_batch, evaluate, token_logprobs
+from engine.sampler import PolicySampler
 
 
 def model_config(size: str):
@@ -99,6 +119,10 @@ def update(policy, optimizer, batch: Batch, cfg: TrainConfig, generator: torch.G
     seq_level_adv = cfg.supervision == "outcome" and batch.loss_advantages is None
     token_adv = batch.advantages if batch.loss_advantages is None else batch.loss_advantages  # (B, T)
     seq_adv = torch.tensor([r.advantage for r in batch.rollouts], device=batch.advantages.device)  # (B,)
+    corrections = CorrectionConfig.of(cfg)
+    # once per batch, as verl and TRL do: IS weights and rejections from old_logp vs the sampler's log-probs
+    correction = correct_batch(corrections, batch.old_logp, batch.sampler_logp, batch.loss_mask) \
+        if corrections.enabled else None
     records = []
     for mb in minibatches(batch.token_mask, cfg.epochs, cfg.minibatches, generator, batch.input_ids.device):
         idx, t_mb = mb.idx, mb.width  # right padding shared by the whole mini-batch trimmed: a faster forward
@@ -108,6 +132,12 @@ def update(policy, optimizer, batch: Batch, cfg: TrainConfig, generator: torch.G
         mask = batch.loss_mask[idx, :t_mb]  # (b, t_mb)
         ref_logp = batch.ref_logp[idx, :t_mb] if batch.ref_logp is not None else None
         adv = seq_adv[idx] if seq_level_adv else token_adv[idx, :t_mb]
+        corrected = None
+        if correction is not None:
+            cols = (idx, slice(None, t_mb))
+            corrected = loss_inputs(cfg.algo, corrections, correction.rows(cols), adv, logp,
+                                    batch.sampler_logp[cols], mask)
+            adv, mask = corrected.advantages, corrected.mask
         totals = None
         if world.distributed:
             rows, tokens = world.all_reduce([len(idx), float(mask.sum())])
@@ -116,7 +146,7 @@ def update(policy, optimizer, batch: Batch, cfg: TrainConfig, generator: torch.G
                           entropy=entropy.detach(), totals=totals, **overrides)
         # DDP all-reduces the gradients as a mean over the ranks: the loss is scaled by N to make it their sum
         grad_norm = optimizer_step(optimizer, params, out.loss * world.size, cfg.max_grad_norm)
-        records.append(pass_record(idx, T, logp, out, grad_norm))  # padded back to (b, T) for logging
+        records.append(pass_record(idx, T, logp, out, grad_norm, correction, corrected))  # padded to (b, T)
     return records
 
 # ----------------------------------------------------------------------------- the loop
@@ -266,6 +296,7 @@ class _Loop:
     state: TrainState
     model_desc: str
     trained: torch.nn.Module | None = None  # what the update's forward goes through (DDP-wrapped with ranks)
+    sampler: PolicySampler | None = None  # the rollout model (engine.sampler), built once the weights are restored
     writer: Any = None  # engine.runlog.RunWriter
     saver: Checkpointer | None = None
     heldout: float = math.nan  # the latest held-out accuracy, for the progress bar
@@ -324,6 +355,8 @@ def _open_log(loop: _Loop, run_name: str, logs_dir: Path, device: torch.device, 
                                        model=loop.model_desc, rank=world.rank)
         start, restored = 1, False
     loop.saver = Checkpointer(loop.writer.run_dir, world, loop.state, saved=start - 1 if restored else None)
+    # after a restore, so it starts from the restored weights (its lag window starts again there)
+    loop.sampler = PolicySampler(loop.policy, cfg.sampler_dtype, cfg.sampler_lag)
     loop.trained = loop.policy
     if world.distributed:  # DDP all-reduces the gradients; built after a restore (it broadcasts rank 0's weights)
         from torch.nn.parallel import DistributedDataParallel
@@ -354,12 +387,14 @@ def _train_step(loop: _Loop, step: int, stop: _StopFlag, deadline: float | None)
     t0 = time.perf_counter()
     # ---- sample + reward + advantage
     loop.policy.eval()
-    batch = collect_batch(loop.policy, loop.ref, loop.tokenizer, loop.task, state.sampler, cfg, loop.tt, world)
+    batch = collect_batch(loop.policy, loop.ref, loop.tokenizer, loop.task, state.sampler, cfg, loop.tt, world,
+                          sampler_model=loop.sampler.model)
     if state.critic is not None:  # PPO: values, per-token rewards with the KL inside, GAE advantages
         state.critic.targets(batch, supervision=cfg.supervision, kl_coef=cfg.kl_coef, gamma=cfg.gae_gamma,
                              lam=cfg.gae_lambda, whiten=cfg.whiten_advantages)
     # ---- update
     records = update(loop.trained, state.optimizer, batch, cfg, state.update_gen, world)
+    loop.sampler.refresh(loop.policy)  # the weight sync
     critic_stats = None if state.critic is None else state.critic.update(
         batch, state.update_gen, epochs=cfg.epochs, minibatches=cfg.minibatches, value_clip=cfg.value_clip,
         value_coef=cfg.value_coef, max_grad_norm=cfg.max_grad_norm)
@@ -374,6 +409,8 @@ def _train_step(loop: _Loop, step: int, stop: _StopFlag, deadline: float | None)
     # ---- log
     totals = step_totals(batch, records, cfg).reduced(world)  # sums over every rank's share
     metrics = step_metrics(batch, records, ev, cfg, critic_stats, totals)
+    if not world.distributed:  # the mismatch metrics are of the whole batch, not sums a rank can add up
+        metrics.update(mismatch_metrics(batch, records))
     tables = step_tables(batch, records, ev, cfg, loop.tt, RankIds.gather(world, batch))
     metrics["step_seconds"] = time.perf_counter() - t0
     loop.writer.log_step(step, metrics=metrics if world.is_main else None, ref_tokens=ref_rows, **tables)

@@ -171,3 +171,17 @@ if __name__ == "__main__":  # handy for trying the dashboard: python tests/synth
 
     write_synthetic_run(sys.argv[1], sys.argv[2], steps=int(sys.argv[3]) if len(sys.argv) > 3 else 5)
     print(json.dumps({"written": sys.argv[2]}))
+
+
+def write_run_before_columns(logs_dir, name: str, table: str, rows: dict, dropped: list[str]) -> None:
+    """A one-step run whose `table` file lacks the columns `dropped`, as a release before they were added wrote it
+    (the run-log reads them as NULL: engine.runlog.schema ADDED_COLUMNS)."""
+    import pyarrow.parquet as pq
+
+    from engine.runlog import RunWriter, data_dir_of
+
+    writer = RunWriter.create(logs_dir, name, background=False, compact_every=1000)
+    writer.log_step(1, **{table: rows})
+    writer.close()
+    (path,) = data_dir_of(logs_dir / name).glob(f"step-*/{table}.parquet")
+    pq.write_table(pq.read_table(path).drop_columns(dropped), path)

@@ -8,6 +8,7 @@ import duckdb
 import numpy as np
 import pyarrow.parquet as pq
 import pytest
+from synthetic_runs import write_run_before_columns
 
 from engine.cli import main
 from engine.runlog import ADDED_COLUMNS, TABLE_SCHEMAS, RunLogError, RunReader, RunWriter, data_dir_of, table_rows
@@ -73,12 +74,7 @@ def test_the_row_builder_fills_missing_columns_with_null_and_refuses_a_misspelt_
 
 def test_a_run_logged_before_the_columns_reads_them_as_null_and_compacts_into_the_new_schema(tmp_path):
     rng = np.random.default_rng(1)
-    writer = RunWriter.create(tmp_path, "old", background=False, compact_every=1000)
-    writer.log_step(1, tokens=_tokens(4, rng, sampler=False))
-    writer.close()
-    # The step's tokens file as the release before these columns wrote it: without them.
-    (path,) = data_dir_of(tmp_path / "old").glob("step-*/tokens.parquet")
-    pq.write_table(pq.read_table(path).drop_columns(NEW), path)
+    write_run_before_columns(tmp_path, "old", "tokens", _tokens(4, rng, sampler=False), NEW)
     with RunReader(tmp_path) as reader:
         assert reader.problems == []
         assert reader.rows("SELECT count(*), count(sampler_logp), count(sampler_logp_full) FROM tokens")[1] == [

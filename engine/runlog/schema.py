@@ -70,7 +70,11 @@ TABLE_SCHEMAS: dict[str, pa.Schema] = {
     ),
     "token_passes": pa.schema(
         [("run", _S), ("step", _I), ("pass", _I), ("rollout_id", _I), ("position", _I), ("new_logp", _F),
-         ("ratio", _F), ("clip", pa.int8()), ("grad_weight", _F), ("token_loss", _F), ("kl", _F)]
+         ("ratio", _F), ("clip", pa.int8()), ("grad_weight", _F), ("token_loss", _F), ("kl", _F),
+         # sampler/trainer mismatch corrections (engine.corrections), NULL when none is on: is_weight, the
+         # batch's importance weight pi_trainer / pi_sampler of the token (NULL when IS is off); rejected, why the
+         # corrections took the token out of this pass's loss (engine.correction_settings REJECT_*, 0 = kept)
+         ("is_weight", _F), ("rejected", pa.int8())]
     ),
     "prm_steps": pa.schema(
         [("run", _S), ("step", _I), ("rollout_id", _I), ("step_index", _I), ("first_pos", _I), ("last_pos", _I),
@@ -93,6 +97,7 @@ ADDED_COLUMNS: dict[str, tuple[str, ...]] = {
               "critic_memory_mb", "advantage_mean", "advantage_std"),
     "rollouts": ("rank", "reward_components"),
     "tokens": ("value", "return", "kl_reward", "sampler_logp", "sampler_logp_full", "extra"),
+    "token_passes": ("is_weight", "rejected"),
 }
 
 RUNS_SCHEMA = pa.schema(
