@@ -146,7 +146,7 @@ PAGE_STATE = """() => [performance.now(), window.__lastChange,
     document.querySelectorAll('[data-testid="stStatusWidget"], [data-testid="stSkeleton"]').length > 0]"""
 
 
-def wait_idle(page, watch: ServerWatch, runs_before: int | None, timeout_s: float = 120.0,
+def wait_idle(page, watch: ServerWatch, runs_before: int | None, timeout_s: float = 60.0,
               quiet_ms: float = QUIET_MS) -> None:
     """Wait until the script runs an action started have finished and the page stopped changing.
 
@@ -276,7 +276,8 @@ def change_every_widget(page, watch: ServerWatch, skip: set[str] = frozenset()):
     done = set(skip)
     url = page.url
     while todo := [w for w in find_widgets(page) if w["name"] not in done]:
-        widget = todo[0]
+        # Editable tables first: a grid takes clicks best while no other widget holds the focus.
+        widget = next((w for w in todo if w["kind"] == "stDataFrame"), todo[0])
         done.add(widget["name"])
         before, started = watch.count(), page.evaluate("performance.now()")
         try:
@@ -285,9 +286,15 @@ def change_every_widget(page, watch: ServerWatch, skip: set[str] = frozenset()):
             yield f"{widget['name']} (not changed: {reason})", 0.0, []
             continue
         try:
-            wait_idle(page, watch, before if reruns else None)
+            wait_idle(page, watch, before if reruns else None, timeout_s=20 if widget["kind"] == "stDataFrame" else 60)
             problems = watch.take_problems() + page_problems(page)
         except TimeoutError as error:
+            if widget["kind"] == "stDataFrame" and watch.count() == before:
+                # Known gap: driving the canvas grid by mouse is not reliable yet (a cell is sometimes not opened
+                # or its edit not committed); said, not failed, so the other widgets stay tested. A run it did
+                # start that raised is still a failure.
+                yield f"{widget['name']} (not changed: the grid did not take the edit)", 0.0, []
+                continue
             problems = [str(error)]
         drawn = max(page.evaluate("window.__lastChange") - started, 0.0) / 1000
         yield widget["name"], drawn, problems
