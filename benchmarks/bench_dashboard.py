@@ -52,15 +52,7 @@ def synthetic_step(step: int, groups: int, group_size: int, length: int, passes:
     GRPO rule, three reasoning steps per completion."""
     import numpy as np
 
-    from engine.clip_codes import (
-        CLIP_CAP,
-        CLIP_HIGH,
-        CLIP_LOW,
-        CLIP_NONE,
-        clip_fractions,
-        count_clip_events,
-        fraction_column,
-    )
+    from engine.clip_codes import CLIP_CAP, CLIP_HIGH, CLIP_LOW, CLIP_NONE
 
     evals = 2
     n_train, n = groups * group_size, groups * group_size + evals
@@ -117,22 +109,34 @@ def synthetic_step(step: int, groups: int, group_size: int, length: int, passes:
                  "text": np.array(["".join(text[starts[r] + f: starts[r] + f + 4])
                                    for r, f in zip(prm_rollout, first, strict=True)], dtype=object),
                  "reward_raw": rng.random(3 * n), "reward_norm": rng.normal(size=3 * n)}
+    metrics = synthetic_metrics(step, reward, lengths, n_train, length, std, tokens, token_passes, rng)
+    return {"metrics": metrics, "rollouts": rollouts, "tokens": tokens, "token_passes": token_passes,
+            "prm_steps": prm_steps}
+
+
+def synthetic_metrics(step: int, reward, lengths, n_train: int, length: int, std, tokens: dict,
+                      token_passes: dict | None, rng) -> dict:
+    """The step's `steps` row from its synthetic tables: `reward` and `lengths` of every completion (the first
+    `n_train` trained, the rest eval), `std` the reward's standard deviation per group."""
+    import numpy as np
+
+    from engine.clip_codes import clip_fractions, count_clip_events, fraction_column
+
+    train_reward, eval_reward, train_lengths = reward[:n_train], reward[n_train:], lengths[:n_train]
     clip_all = token_passes["clip"] if token_passes else np.zeros(0, np.int8)
-    metrics = {
-        "wall_time": 30.0 * step, "step_seconds": 30.0, "reward_mean": float(reward[:n_train].mean()),
-        "reward_std": float(reward[:n_train].std()), "accuracy": float(reward[:n_train].mean()),
-        "heldout_accuracy": float(reward[n_train:].mean()) if step % 10 == 0 else None,
+    return {
+        "wall_time": 30.0 * step, "step_seconds": 30.0, "reward_mean": float(train_reward.mean()),
+        "reward_std": float(train_reward.std()), "accuracy": float(train_reward.mean()),
+        "heldout_accuracy": float(eval_reward.mean()) if step % 10 == 0 else None,
         "entropy": float(tokens["entropy"].mean()),
         "kl": float(token_passes["kl"].mean()) if token_passes else 0.0,
         **{fraction_column(c): share
            for c, share in clip_fractions(count_clip_events(np.asarray(clip_all)), len(clip_all)).items()},
-        "response_len_mean": float(lengths[:n_train].mean()), "response_len_max": float(lengths[:n_train].max()),
-        "truncated_frac": float((lengths[:n_train] == length).mean()),
-        "groups_kept": int(groups - (std == 0).sum()), "groups_filtered": int((std == 0).sum()), "gen_batches": 1,
+        "response_len_mean": float(train_lengths.mean()), "response_len_max": float(train_lengths.max()),
+        "truncated_frac": float((train_lengths == length).mean()),
+        "groups_kept": int(len(std) - (std == 0).sum()), "groups_filtered": int((std == 0).sum()), "gen_batches": 1,
         "loss": float(rng.normal()), "grad_norm": float(rng.random()), "lr": 1e-6,
     }
-    return {"metrics": metrics, "rollouts": rollouts, "tokens": tokens, "token_passes": token_passes,
-            "prm_steps": prm_steps}
 
 
 def ensure_run(logs_dir, steps: int, groups: int, group_size: int, length: int, passes: int = 2) -> str:

@@ -385,6 +385,20 @@ class TrainConfig:
                 f"overlong_cache_len (L_cache = {self.overlong_cache_len}) must be in [1, overlong_max_len = "
                 f"{self.overlong_max_len}]: the soft punishment ramps over the last L_cache tokens before L_max"
             )
+        self._validate_update(bad)
+        for name in ("eval_every", "checkpoint_every"):
+            if getattr(self, name) < 0:
+                bad(f"{name} must be >= 0 (0 disables it), got {getattr(self, name)}")
+        self._validate_critic(bad)
+        if self.eval_size < 1:
+            bad(f"eval_size must be >= 1, got {self.eval_size}")
+        if self.model_size not in ("default", "tiny"):
+            bad(f"model_size must be 'default' or 'tiny', got {self.model_size!r}")
+        if self.sft_steps is not None and self.sft_steps < 0:
+            bad(f"sft_steps must be >= 0, got {self.sft_steps}")
+
+    def _validate_update(self, bad) -> None:
+        """The generation rounds, the passes over the batch and the optimiser."""
         if self.max_gen_batches < 1:
             bad(f"max_gen_batches must be >= 1, got {self.max_gen_batches}")
         assert self.epochs is not None and self.minibatches is not None
@@ -401,16 +415,6 @@ class TrainConfig:
                 bad(f"{name} must be in [0, 1), got {getattr(self, name)}")
         if self.max_grad_norm < 0:
             bad(f"max_grad_norm must be >= 0 (0 disables clipping), got {self.max_grad_norm}")
-        for name in ("eval_every", "checkpoint_every"):
-            if getattr(self, name) < 0:
-                bad(f"{name} must be >= 0 (0 disables it), got {getattr(self, name)}")
-        self._validate_critic(bad)
-        if self.eval_size < 1:
-            bad(f"eval_size must be >= 1, got {self.eval_size}")
-        if self.model_size not in ("default", "tiny"):
-            bad(f"model_size must be 'default' or 'tiny', got {self.model_size!r}")
-        if self.sft_steps is not None and self.sft_steps < 0:
-            bad(f"sft_steps must be >= 0, got {self.sft_steps}")
 
     def _validate_sampler(self, bad) -> None:
         from engine.correction_settings import CorrectionConfig, CorrectionError
