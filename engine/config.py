@@ -135,7 +135,7 @@ class TrainConfig:
     top_k: int = 0
     """Top-k truncation of the sampling distribution (0 = off). The sampler reports the log-prob of the truncated,
     renormalised distribution as `sampler_logp`, as vLLM does, so top-k / top-p open a gap to the trainer's
-    old_logp (README, "Sampler and trainer mismatch")."""
+    old_logp (docs/mismatch.md)."""
     sampler_dtype: str = "float32"
     """Precision of the sampler, the policy copy that generates rollouts (engine.sampler). `bfloat16` reproduces a
     bf16 rollout engine next to an fp32 trainer (the mismatch of TRL issues 3867 and 6789, verl 2953); `float32`:
@@ -245,8 +245,9 @@ class TrainConfig:
     """Mini-batches per epoch (one optimizer step each)."""
     lr: float = 5e-5
     """AdamW learning rate, constant (the papers use 1e-6 on 7B+ models). Measured on `linear` with the default warm
-    start and batch: GRPO and DAPO gain about 20 points of held-out greedy accuracy within 10 CPU minutes (README).
-    On an earlier warm start, 1e-4 and above at batch 64 lowered greedy accuracy by 5-10 points within 10-30 steps."""
+    start and batch: GRPO and DAPO gain about 20 points of held-out greedy accuracy within 10 CPU minutes
+    (docs/benchmarks.md). On an earlier warm start, 1e-4 and above at batch 64 lowered greedy accuracy by 5-10
+    points within 10-30 steps."""
     weight_decay: float = 0.0
     """AdamW weight decay (verl and TRL default to 0 or 0.01 for RL; 0 keeps pi close to the warm start)."""
     adam_beta1: float = 0.9
@@ -266,8 +267,8 @@ class TrainConfig:
     """Temperature of the sampled held-out accuracy. None: the training temperature."""
     checkpoint_every: int = 1
     """Save model, optimizer and RNG state into the run folder every N steps (and when stopping), so that a killed
-    run resumes after its last logged step (a few percent of a step's time for the built-in model; see README).
-    0: only when stopping or finishing (a killed run then resumes from the warm start)."""
+    run resumes after its last logged step (a few percent of a step's time for the built-in model; see
+    docs/benchmarks.md). 0: only when stopping or finishing (a killed run then resumes from the warm start)."""
     # ------------------------------------------------------------------ sampler/trainer mismatch corrections
     # (engine.corrections; validated by engine.correction_settings.CorrectionConfig; all off by default)
     rollout_is: str | None = None
