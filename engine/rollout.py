@@ -461,7 +461,7 @@ def _advantages(rollouts: list[Rollout], G: int, T: int, supervision: str, scale
     B = len(rollouts)
     if supervision != "process":
         rewards = torch.tensor([r.reward for r in rollouts], dtype=torch.float32)  # (B,)
-        seq_adv = torch.as_tensor(group_advantages(rewards, G, scale_by_std=scale_by_std), dtype=torch.float32)
+        seq_adv = torch.as_tensor(group_advantages(rewards, G, scale_by_std=scale_by_std), dtype=torch.float32)  # (B,)
         for r, a in zip(rollouts, seq_adv.tolist(), strict=True):
             r.advantage = a
         return seq_adv[:, None].expand(B, T).clone()
