@@ -23,6 +23,7 @@ import json
 from collections.abc import Mapping
 from typing import Any
 
+import numpy as np
 import pyarrow as pa
 
 from engine.runlog.layout import RunLogError, json_default
@@ -191,7 +192,24 @@ def table_rows(table: str, data: Any, run: str, step: int) -> pa.Table | None:
                 raise RunLogError(f"{table}.{field.name}: cannot store {col.type} as {field.type}: {err}") from err
         else:
             columns.append(pa.nulls(n, field.type))
-    return pa.Table.from_arrays(columns, schema=schema).sort_by([(k, "ascending") for k in SORT_KEYS[table]])
+    rows = pa.Table.from_arrays(columns, schema=schema)
+    return rows if _sorted_by(rows, SORT_KEYS[table]) else rows.sort_by([(k, "ascending") for k in SORT_KEYS[table]])
+
+
+def _sorted_by(rows: pa.Table, keys: list[str]) -> bool:
+    """Whether the rows are already in ascending order of the (integer, non-null) `keys`: checking costs a few
+    vectorised comparisons, sorting a million token rows ~0.3 s, and producers mostly hand rows in order (the
+    sort is stable, so skipping it for ordered rows changes nothing)."""
+    if rows.num_rows < 2 or any(rows[k].null_count for k in keys):
+        return rows.num_rows < 2
+    undecided = np.ones(rows.num_rows - 1, dtype=bool)  # pairs (i, i + 1) equal on the keys compared so far
+    for key in keys:
+        values = np.asarray(rows[key].combine_chunks() if rows[key].num_chunks != 1 else rows[key].chunk(0))
+        later, earlier = values[1:], values[:-1]
+        if (undecided & (later < earlier)).any():
+            return False
+        undecided &= later == earlier
+    return True
 
 
 def _column_values(values: Any) -> Any:
