@@ -39,6 +39,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from engine.importers.base import ReadContext, Step
+from engine.runlog.schema import DUMP_FIELDS
 
 LIST_COLUMNS = ("sampler_logp", "old_logp", "ref_logp", "entropy", "advantage", "value", "return")
 """Per-token float lists of a samples table, each stored in the `tokens` column of the same name."""
@@ -162,6 +163,24 @@ def _one_chunk(column: pa.ChunkedArray | pa.Array) -> pa.Array:
     return column.combine_chunks() if isinstance(column, pa.ChunkedArray) else column
 
 
+def dump_struct(fields: dict[str, pa.Array]) -> tuple[pa.StructArray, dict[str, pa.Array]]:
+    """The `tokens.dump` struct of the fields it has a member for (cast to the member's type, the members a dump
+    lacks null), and the fields left for `tokens.extra` (none of the formats read today leaves any)."""
+    n = len(fields["loss_mask"])
+    typed, others = {}, {}
+    for name, values in fields.items():
+        index = DUMP_FIELDS.get_field_index(name)
+        try:
+            if index >= 0:
+                typed[name] = values.cast(DUMP_FIELDS[index].type)
+                continue
+        except (pa.ArrowInvalid, pa.ArrowNotImplementedError):  # not of the member's type: kept as JSON
+            pass
+        others[name] = values
+    arrays = [typed[f.name] if f.name in typed else pa.nulls(n, f.type) for f in DUMP_FIELDS]
+    return pa.StructArray.from_arrays(arrays, fields=list(DUMP_FIELDS)), others
+
+
 def json_objects(fields: dict[str, pa.Array]) -> pa.Array:
     """One JSON object text per row, `{"name": value, ...}`, built column-wise (no Python per row): booleans as
     true/false, numbers as their shortest text, NaN, infinities and nulls as null, JSON texts as they are."""
@@ -221,7 +240,8 @@ def step_tables(step: int, samples: pa.Table, ctx: ReadContext, vocabulary: Toke
                "token_id": flat.token_ids.filter(kept), "token_text": texts.filter(kept),
                **{name: flat.values(samples[name]).filter(kept) for name in LIST_COLUMNS}}
     fields = {"loss_mask": flat.loss_mask, **{name[2:]: flat.values(samples[name]) for name in present}}
-    columns["extra"] = json_objects({name: values.filter(kept) for name, values in fields.items()})
+    columns["dump"], others = dump_struct({name: values.filter(kept) for name, values in fields.items()})
+    columns["extra"] = json_objects(others) if others else pa.nulls(len(columns["position"]), pa.string())
     tokens = pa.table(columns)
     entropy = pc.mean(flat.values(samples["entropy"]).filter(pc.fill_null(flat.loss_mask, False))).as_py()
 
