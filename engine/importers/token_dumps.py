@@ -207,14 +207,16 @@ def _json_values(values: pa.Array) -> pa.Array:
 
 
 _ROLLOUTS_SQL = """
-WITH s AS (SELECT *, coalesce('g' || CAST(group_index AS VARCHAR),
-                              'p' || CAST(hash(token_ids[1:plen]) AS VARCHAR)) AS gkey FROM samples),
+WITH s AS (SELECT rid, plen, len(token_ids) AS n, advantage[plen + 1] AS advantage, reward, truncated, filtered,
+                  filter_reason, rank, reward_components, {prompt} AS prompt, {completion} AS completion,
+                  coalesce('g' || CAST(group_index AS VARCHAR), 'p' || CAST(hash(token_ids[1:plen]) AS VARCHAR))
+                  AS gkey
+           FROM samples),  -- one row per sample, without its token lists
 g AS (SELECT rid, gkey, min(rid) OVER (PARTITION BY gkey) AS first_rid,
              row_number() OVER (PARTITION BY gkey ORDER BY rid) - 1 AS index_in_group FROM s)
 SELECT s.rid AS rollout_id, dense_rank() OVER (ORDER BY g.first_rid) - 1 AS group_id, g.index_in_group,
-       'train' AS kind, {prompt} AS prompt, {completion} AS completion, reward, advantage[plen + 1] AS advantage,
-       len(token_ids) - plen AS length, truncated, coalesce(filtered, false) AS filtered, filter_reason, rank,
-       reward_components
+       'train' AS kind, prompt, completion, reward, advantage, n - plen AS length, truncated,
+       coalesce(filtered, false) AS filtered, filter_reason, rank, reward_components
 FROM s JOIN g USING (rid) ORDER BY s.rid
 """
 
