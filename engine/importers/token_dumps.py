@@ -4,19 +4,22 @@ Each format reader turns one step of its dump into a *samples* table (Arrow, one
 the token ids of the whole sequence (prompt + completion), the framework's loss mask over it, and per-token lists
 aligned with the token ids (`LIST_COLUMNS`: sampler and trainer log-probs, reference log-probs, entropy,
 advantage, value, return). Framework fields outside these columns are list columns named `x_<name>`.
-`step_tables` then builds the run-log tables in DuckDB, without a Python loop per token:
+`step_tables` then builds the run-log tables without a Python loop per token (Arrow and numpy over the step's
+flattened lists, `FlatTokens`; DuckDB for the one-row-per-sample rollouts):
 
 - **Prompt / completion split (the same for every format).** The prompt is every token before the first token
   of the loss mask (the first token the trainer learns from); the completion is every token from there to the end
   of the sequence, *including* tokens the loss mask leaves out after it (tool outputs, environment turns, user
   turns of a multi-turn sample). `tokens` holds the completion tokens, `position` 0 at the first trained token;
-  `rollouts.length` counts them all. Whether a completion token was trained on is `tokens.extra.loss_mask`.
+  `rollouts.length` counts them all. Whether a completion token was trained on is `tokens.dump.loss_mask`.
 - **Columns.** sampler log-prob -> `tokens.sampler_logp`, trainer log-prob -> `tokens.old_logp`, reference
   log-prob -> `ref_logp`, entropy, advantage, value, return -> their columns, as the dump has them (tokens the
   loss mask leaves out keep whatever the framework wrote there, often 0).
-- **`tokens.extra`** (JSON text, one object per token; read it with DuckDB's `json_extract` or `->>`): `loss_mask`
-  (bool) and the framework's own per-token masks and weights (`x_` columns: prime-rl's DPPO masks, importance
-  ratio, mismatch KL and loss-component weights; slime's KL estimate; ...) under their names in the dump.
+- **`tokens.dump`** (a typed struct, `engine.runlog.schema.DUMP_FIELDS`; SQL `dump.loss_mask`): `loss_mask`
+  (bool) and the framework's own per-token masks and weights (`x_` columns: prime-rl's DPPO masks and
+  loss-component weights, slime's KL estimate...) under their names in the dump. A field it has no member for
+  goes to `tokens.extra`, one JSON object per token (none of the formats read today has one): building a JSON
+  text per token cost more than the rest of the token's row.
 - **Groups.** From the dump's group index (`group_index`) where it has one, else rebuilt: the samples of the step
   with identical prompt token ids form a group, numbered in order of first appearance.
 - **Rewards.** `rollouts.reward` is the raw reward where the dump has it; normalised values stay what they are
