@@ -220,3 +220,23 @@ def test_fields_outside_the_typed_dump_struct_are_kept_as_one_json_object_per_to
     texts = json_objects(others).to_pylist()
     assert texts == ['{"new_weight":0.25,"new_flag":true}', '{"new_weight":null,"new_flag":false}',  # NaN: null
                      '{"new_weight":null,"new_flag":null}']
+
+
+def test_flattened_tokens_split_at_the_first_trained_token_and_keep_missing_lists_null():
+    import pyarrow as pa
+
+    from engine.importers.token_dumps import FlatTokens
+
+    samples = pa.table({
+        "token_ids": pa.array([[10, 11, 12, 13], [20, 21], [30, 31, 32]]),
+        "loss_mask": pa.array([[False, False, True, False], [False, False], [True, None, True]]),
+        "entropy": pa.array([[0.1, 0.2, 0.3, 0.4], None, [0.5, None, 0.7]]),  # sample 1 has none
+    })
+    flat = FlatTokens(samples)
+    assert flat.prompt_len.tolist() == [2, 2, 0]  # sample 1 has no trained token: all prompt
+    assert flat.parent.tolist() == [0, 0, 0, 0, 1, 1, 2, 2, 2]
+    assert flat.position.tolist() == [-2, -1, 0, 1, -2, -1, 0, 1, 2]
+    assert flat.completion.to_pylist() == [False, False, True, True, False, False, True, True, True]
+    assert flat.values(samples["entropy"]).to_pylist() == [0.1, 0.2, 0.3, 0.4, None, None, 0.5, None, 0.7]
+    prompts, completions = flat.joined_texts(pa.array(["a", "b", "c", "d", "e", "f", "g", "h", "i"]))
+    assert prompts.to_pylist() == ["ab", "ef", None] and completions.to_pylist() == ["cd", None, "ghi"]
