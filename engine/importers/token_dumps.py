@@ -96,7 +96,7 @@ def samples_from_rows(rows: list[dict[str, Any]]) -> pa.Table:
 
 
 class TokenVocabulary:
-    """Token id -> text, decoded once per id with `--tokenizer` (`<id>` without it)."""
+    """Token id -> text, decoded once per id with `--tokenizer` (`<id>` without it, formatted column-wise)."""
 
     def __init__(self, token_text):
         self.token_text = token_text
@@ -105,11 +105,14 @@ class TokenVocabulary:
     def texts_of(self, token_ids: pa.Array) -> pa.Array:
         """The text of every token of `token_ids` (N,): each distinct id looked up once, then one `take`."""
         distinct = pc.drop_null(pc.unique(token_ids))
-        ids = distinct.to_pylist()
-        for i in ids:
-            if i not in self.texts:
-                self.texts[i] = self.token_text.token(i) if self.token_text is not None else f"<{i}>"
-        texts = pa.array([self.texts[i] for i in ids], pa.string())
+        if self.token_text is None:
+            texts = pc.binary_join_element_wise("<", pc.cast(distinct, pa.string()), ">", "")
+        else:
+            ids = distinct.to_pylist()
+            for i in ids:
+                if i not in self.texts:
+                    self.texts[i] = self.token_text.token(i)
+            texts = pa.array([self.texts[i] for i in ids], pa.string())
         return texts.take(pc.index_in(token_ids, value_set=distinct))
 
 

@@ -197,9 +197,9 @@ def table_rows(table: str, data: Any, run: str, step: int) -> pa.Table | None:
     columns = []
     for field in schema:
         if field.name == "run":
-            columns.append(pa.array([run] * n, _S))
+            columns.append(pa.repeat(pa.scalar(run, _S), n))
         elif field.name == "step":
-            columns.append(pa.array([step] * n, _I))
+            columns.append(pa.repeat(pa.scalar(step, _I), n))
         elif field.name in arrow.column_names:
             col = arrow.column(field.name)
             try:
