@@ -240,3 +240,24 @@ def test_flattened_tokens_split_at_the_first_trained_token_and_keep_missing_list
     assert flat.values(samples["entropy"]).to_pylist() == [0.1, 0.2, 0.3, 0.4, None, None, 0.5, None, 0.7]
     prompts, completions = flat.joined_texts(pa.array(["a", "b", "c", "d", "e", "f", "g", "h", "i"]))
     assert prompts.to_pylist() == ["ab", "ef", None] and completions.to_pylist() == ["cd", None, "ghi"]
+
+
+def test_dump_fields_read_through_policylens_sql_and_a_run_imported_before_them_reads_null(samples, tmp_path,
+                                                                                           capsys):
+    from synthetic_runs import write_run_before_columns
+
+    import_run("prime-rl", write_prime_rl(tmp_path / "p", samples), tmp_path / "logs", "run")
+    capsys.readouterr()
+    query = "SELECT count(*) FILTER (WHERE dump.loss_mask) AS trained, count(*) AS n FROM tokens"
+    assert main(["sql", "run", query, "--logs-dir", str(tmp_path / "logs")]) == 0
+    stored = [w for step in (1, 2) for w in expected(samples, step)]
+    trained = sum(w["loss_mask"] for w in stored)
+    lines = capsys.readouterr().out.splitlines()
+    row = lines[next(i for i, line in enumerate(lines) if line.startswith("---")) + 1]
+    assert row.split() == [str(trained), str(len(stored))]
+    assert 0 < trained < len(stored)  # the tool output tokens are completion tokens, not trained on
+    write_run_before_columns(tmp_path / "logs", "old", "tokens", {"rollout_id": [0, 0], "position": [0, 1],
+                                                                  "extra": ['{"loss_mask":true}'] * 2}, ["dump"])
+    with RunReader(tmp_path / "logs", runs="old") as reader:
+        got = reader.sql("SELECT dump, extra->>'loss_mask' AS m FROM tokens ORDER BY position")
+    assert got["dump"].isna().all() and got["m"].tolist() == ["true", "true"]

@@ -176,12 +176,12 @@ def dump_struct(fields: dict[str, pa.Array]) -> tuple[pa.StructArray, dict[str, 
     typed, others = {}, {}
     for name, values in fields.items():
         index = DUMP_FIELDS.get_field_index(name)
-        try:
-            if index >= 0:
+        if index >= 0:
+            try:
                 typed[name] = values.cast(DUMP_FIELDS[index].type)
                 continue
-        except (pa.ArrowInvalid, pa.ArrowNotImplementedError):  # not of the member's type: kept as JSON
-            pass
+            except (pa.ArrowInvalid, pa.ArrowNotImplementedError):  # not of the member's type: kept as JSON
+                pass
         others[name] = values
     arrays = [typed[f.name] if f.name in typed else pa.nulls(n, f.type) for f in DUMP_FIELDS]
     return pa.StructArray.from_arrays(arrays, fields=list(DUMP_FIELDS)), others
