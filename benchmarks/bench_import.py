@@ -52,13 +52,17 @@ def _sequences(samples: int, tokens: int, steps: int, seed: int = 0):
 
 def write_prime_rl(root: Path, samples: int, tokens: int, steps: int, ranks: int = 2) -> None:
     files: dict[int, object] = {}
+
+    def finish_step() -> None:  # every rank's file written: the step is STABLE
+        for f in files.values():
+            f.close()
+            (Path(f.name).parent / "STABLE").touch()
+
     for step, i, seq, prompt, sampler, trainer, entropy in _sequences(samples, tokens, steps):
         if i == 0:
-            for f in files.values():
-                f.close()
+            finish_step()
             folder = root / "token_exports" / f"step_{step}"
             folder.mkdir(parents=True)
-            (folder / "STABLE").touch()
             files = {r: open(folder / f"rank_{r}.jsonl", "w") for r in range(ranks)}  # noqa: SIM115
         log_ratio = [t - s for t, s in zip(trainer, sampler, strict=True)]
         record = {"schema_version": 1, "step": step, "rank": i % ranks, "micro_step": 0, "micro_sequence_idx": i,
@@ -70,8 +74,7 @@ def write_prime_rl(root: Path, samples: int, tokens: int, steps: int, ranks: int
                   "mismatch_kl": [math.exp(x) - x - 1 for x in log_ratio], "is_masked": [False] * tokens,
                   "is_masked_high": [False] * tokens, "is_masked_low": [False] * tokens, "rl_weights": [1.0] * tokens}
         files[i % ranks].write(json.dumps(record, separators=(",", ":")) + "\n")
-    for f in files.values():
-        f.close()
+    finish_step()
 
 
 def write_nemo_rl(root: Path, samples: int, tokens: int, steps: int) -> None:
@@ -185,7 +188,7 @@ def main() -> None:
             WRITERS[args.format](export, args.samples, args.tokens, args.steps)
             print(f"wrote {args.format} dump: {args.samples} samples x {args.tokens} tokens in {args.steps} steps "
                   f"({time.perf_counter() - t0:.0f} s)")
-        size = sum(p.stat().st_size for p in export.rglob("*") if p.is_file())
+        size = sum(p.stat().st_size for p in export.rglob("*") if p.is_file())  # symlinked folders not counted
         runs = []
         for _ in range(args.repeat):
             load = os.getloadavg()[0]
