@@ -2,7 +2,7 @@
 
     python benchmarks/bench_import.py                                   # prime-rl, 10k samples x 1k tokens, 10 steps
     python benchmarks/bench_import.py --samples 1000 --steps 1 --repeat 3
-    python benchmarks/bench_import.py --format nemo-rl --export /tmp/nemo-10k    # write once, reuse on later runs
+    python benchmarks/bench_import.py --format nemo-rl --export dumps/nemo-10k   # write once, reuse on later runs
     python benchmarks/bench_import.py --format slime --samples 1000 --steps 1
 
 Writes a dump of N samples x T tokens (a quarter of them prompt, one prompt per 8 samples) in the format of
