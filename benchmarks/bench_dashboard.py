@@ -24,6 +24,7 @@ Server time only; what a browser adds is `benchmarks/bench_browser.py`.
 from __future__ import annotations
 
 import argparse
+import math
 import os
 import resource
 import shutil
@@ -277,6 +278,15 @@ def time_reruns(at, repeat: int) -> dict[str, float]:
     return {label: statistics.median(values) for label, values in times.items()}
 
 
+def longest_rollout(logs_dir: Path, run: str) -> tuple[int, int, int]:
+    """(step, rollout id, length) of the run's longest train completion (the first such step)."""
+    from engine.runlog import RunReader
+
+    row = RunReader(logs_dir, run).sql("SELECT step, rollout_id, length FROM rollouts WHERE kind = 'train' "
+                                       "ORDER BY length DESC, step LIMIT 1").iloc[0]
+    return int(row["step"]), int(row["rollout_id"]), int(row["length"])
+
+
 def time_pages(logs_dir: Path, run: str, step: int, repeat: int) -> list[dict]:
     from streamlit.testing.v1 import AppTest
 
@@ -294,6 +304,20 @@ def time_pages(logs_dir: Path, run: str, step: int, repeat: int) -> list[dict]:
     at.switch_page("app_pages/algorithm_weighting.py").run()
     at.radio(key="weigh_scope").set_value("the whole step")
     rows.append({"page": "weighting, whole step", **time_reruns(at, repeat)})
+    # The Token inspector on the run's longest completion, then moving its window (each window a new query).
+    token_step, rollout, length = longest_rollout(logs_dir, run)
+    at.query_params["step"], at.query_params["rollout"] = token_step, rollout
+    at.switch_page("app_pages/token_inspector.py").run()
+    rows.append({"page": f"tokens, {length} tok", **time_reruns(at, repeat)})
+    if at.select_slider:
+        moves = []
+        for start in at.select_slider(key="window").options[1:repeat + 1]:
+            started = time.perf_counter()
+            at.select_slider(key="window").set_value(int(start.split("–")[0])).run()
+            moves.append(time.perf_counter() - started)
+            assert not at.exception, [e.message for e in at.exception]
+        rows.append({"page": "tokens, move window", "new reader": math.nan, "cold": statistics.median(moves),
+                     "warm": math.nan})
     return rows
 
 
@@ -332,6 +356,17 @@ def time_functions(logs_dir: Path, run: str, repeat: int) -> list[tuple[str, flo
     timed("tokens_at_update (1 rollout)", queries.tokens_at_update, logs, run, middle, (rollout,), -1)
     timed("token_heatmap_html", token_heatmap_html, tokens, "ratio")
     timed("token_channel_heatmap figure", charts.token_channel_heatmap, tokens, list(CHANNELS))
+    # The Token inspector on the run's longest completion: what it draws (bins, a window) against the whole.
+    at, longest, length = longest_rollout(logs_dir, run)
+    size = f"{length} tokens"
+    whole = timed(f"rollout_tokens (whole, {size})", queries.rollout_tokens, logs, run, at, (longest,), 1)
+    timed(f"token_heatmap_html (whole, {size})", token_heatmap_html, whole, "ratio")
+    bins = timed("rollout_token_bins (1000 bins)", queries.rollout_token_bins, logs, run, at, longest, 1, 1000)
+    window = timed("rollout_tokens (window of 512)", queries.rollout_tokens, logs, run, at, (longest,), 1,
+                   (4096, 4607))
+    timed("token_heatmap_html (window of 512)", token_heatmap_html, window, "ratio")
+    timed("token_overview_strip figure", charts.token_overview_strip, bins, "ratio", (4096, 4607))
+    timed("token_channel_bins figure", charts.token_channel_bins, bins, list(CHANNELS), (4096, 4607))
     group = tuple(int(r) for r in rollouts[rollouts["group_id"] == rollouts["group_id"].iloc[0]]["rollout_id"])
     group_tokens = timed("rollout_tokens (1 group)", queries.rollout_tokens, logs, run, middle, group, 1)
     timed("prm_steps (1 group)", queries.prm_steps, logs, run, middle, group)

@@ -188,7 +188,7 @@ def token_channel_heatmap(tokens: pd.DataFrame, channel_names: list[str]) -> go.
     """Token x channel heatmap: one row per channel, each on its own scale (same scales as the token view), one
     column per token at its position."""
     labels = [f"{p}:{_token_label(t)}" for p, t in zip(tokens["position"], tokens["token_text"], strict=True)]
-    figure = _channel_rows(tokens, channel_names, tokens["position"].to_numpy(), labels, "token %{customdata}")
+    figure = _channel_rows(tokens, channel_names, tokens["position"].tolist(), labels, "token %{customdata}")
     # Ticks on whole positions only, each centred on its cell (a cell spans position ± 0.5): left to plotly, a short
     # rollout gets ticks at 0, 0.5, 1, 1.5 with cells between them.
     bottom = max((k for k in figure.layout if k.startswith("xaxis")), key=lambda k: int(k[5:] or 1))
@@ -207,7 +207,7 @@ def token_channel_bins(bins: pd.DataFrame, channel_names: list[str], window: tup
     return figure
 
 
-def _channel_rows(frame: pd.DataFrame, channel_names: list[str], x: np.ndarray, labels: list[str],
+def _channel_rows(frame: pd.DataFrame, channel_names: list[str], x, labels: list[str],
                   hover: str) -> go.Figure:
     """One heatmap row per channel that `frame` has values of, at `x`, with `labels` on hover after `hover`."""
     channel_names = [c for c in channel_names if CHANNELS[c].column in frame.columns
