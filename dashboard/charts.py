@@ -199,17 +199,17 @@ def token_channel_heatmap(tokens: pd.DataFrame, channel_names: list[str]) -> go.
 def token_channel_bins(bins: pd.DataFrame, channel_names: list[str], window: tuple[int, int]) -> go.Figure:
     """Token x channel heatmap of a long completion at screen resolution: one column per bin of
     `dashboard.data.rollout_token_bins` (the mean of its tokens), the window shown in the text outlined."""
-    labels = [f"{a}–{b} ({n} tokens)" for a, b, n in zip(bins["first_pos"], bins["last_pos"], bins["tokens"],
-                                                            strict=True)]
     centres = ((bins["first_pos"] + bins["last_pos"]) / 2).to_numpy(dtype=float)
-    figure = _channel_rows(bins, channel_names, centres, labels, "tokens %{customdata}, mean")
+    width = int(bins["tokens"].max())  # no label per cell: 14 rows of them were most of the figure's bytes
+    figure = _channel_rows(bins, channel_names, centres, None, f"mean of the {width} tokens around %{{x:.0f}}")
     figure.layout["shapes"] = [_window_outline(window)]
     return figure
 
 
-def _channel_rows(frame: pd.DataFrame, channel_names: list[str], x, labels: list[str],
+def _channel_rows(frame: pd.DataFrame, channel_names: list[str], x, labels: list[str] | None,
                   hover: str) -> go.Figure:
-    """One heatmap row per channel that `frame` has values of, at `x`, with `labels` on hover after `hover`."""
+    """One heatmap row per channel that `frame` has values of, at `x`; on hover `hover` (which may show the
+    cell's entry of `labels` as %{customdata}) and the value."""
     channel_names = [c for c in channel_names if CHANNELS[c].column in frame.columns
                      and pd.to_numeric(frame[CHANNELS[c].column], errors="coerce").notna().any()]
     n = max(1, len(channel_names))
@@ -221,7 +221,8 @@ def _channel_rows(frame: pd.DataFrame, channel_names: list[str], x, labels: list
         grid.add(i, {
             "type": "heatmap", "z": [values], "x": x, "y": [channel.label],
             "zmin": low, "zmax": high, "colorscale": _scale(channel.colorscale), "showscale": False,
-            "customdata": [labels], "hovertemplate": f"{hover}<br>{channel.label} %{{z:.4g}}<extra></extra>",
+            **({"customdata": [labels]} if labels is not None else {}),
+            "hovertemplate": f"{hover}<br>{channel.label} %{{z:.4g}}<extra></extra>",
         })
         grid.axis(i, "y").update(showticklabels=True, side="right", tickfont={"size": 11})
         if i < n - 1:
@@ -242,36 +243,37 @@ STRIP_MARKS.append(("rejected_tokens", "rejected", "#111"))
 
 
 def token_overview_strip(bins: pd.DataFrame, channel_name: str, window: tuple[int, int]) -> go.Figure:
-    """A whole completion in one strip: a bar per bin of `dashboard.data.rollout_token_bins` coloured by the bin's
-    mean of the channel, a tick under it on the line of each event (clip low/high/dual, rejected) the bin holds,
-    the window shown in the text outlined. Bars, not a heatmap: Streamlit reports a click on a bar (the page
-    jumps there)."""
+    """A whole completion in one strip: a cell per bin of `dashboard.data.rollout_token_bins` coloured by the bin's
+    mean of the channel, under it a mark on the line of each event (clip low/high/dual, rejected) the bin holds,
+    the window shown in the text outlined. Heatmaps (drawn as images): the same strip as 1,000 bars and markers
+    took six times as long to draw in a browser."""
     channel = CHANNELS[channel_name]
     values = pd.to_numeric(bins.get(channel.column, pd.Series(np.nan, index=bins.index)), errors="coerce")
     low, high = channel_range(values, channel)
     first, last = bins["first_pos"].to_numpy(dtype=float), bins["last_pos"].to_numpy(dtype=float)
-    centres, widths = (first + last) / 2, np.maximum(1.0, last - first + 1)
-    labels = [f"{int(a)}–{int(b)}" for a, b in zip(first, last, strict=True)]
+    centres = (first + last) / 2
     grid = Subplots(2, 1, vspace=0.04, shared_x=True)
-    grid.add(0, {"type": "bar", "x": centres, "y": np.ones(len(bins)), "width": widths, "customdata": labels,
-                 "marker": {"color": values.fillna(np.nan).to_numpy(dtype=float), "cmin": low, "cmax": high,
-                            "colorscale": _scale(channel.colorscale), "line": {"width": 0}},
-                 "hovertemplate": f"tokens %{{customdata}}<br>{html.escape(channel.label)} %{{marker.color:.4g}}"
-                                  "<extra>click: show these tokens</extra>"})
-    for name, label, colour in STRIP_MARKS:
-        counts = bins[name].to_numpy() if name in bins.columns else np.zeros(len(bins))
-        hit = counts > 0
-        grid.add(1, {"type": "scatter", "mode": "markers", "x": centres[hit], "y": [label] * int(hit.sum()),
-                     "customdata": np.stack([np.array(labels, dtype=object)[hit], counts[hit]], axis=-1),
-                     "marker": {"symbol": "line-ns-open", "size": 9, "color": colour, "line": {"width": 2}},
-                     "hovertemplate": f"tokens %{{customdata[0]}}: %{{customdata[1]}} {label}<extra></extra>"})
-    grid.axis(0, "y").update(visible=False, range=[0, 1], fixedrange=True)
-    grid.axis(1, "y").update(categoryorder="array", categoryarray=[label for _, label, _ in STRIP_MARKS][::-1],
-                             tickfont={"size": 10}, fixedrange=True, side="right")
+    grid.add(0, {"type": "heatmap", "x": centres, "y": [html.escape(channel.label)],
+                 "z": [values.to_numpy(dtype=float)], "zmin": low, "zmax": high, "showscale": False,
+                 "colorscale": _scale(channel.colorscale),
+                 "hovertemplate": "around token %{x:.0f}: %{z:.4g}<extra>click: show these tokens</extra>"})
+    # The marks as one heatmap (drawn as an image): thousands of SVG markers took seconds to draw in a browser.
+    # Row i holds i + 1 where the bin has that event, NaN (not drawn) elsewhere; each row gets its own colour.
+    counts = np.stack([bins[name].to_numpy(dtype=float) if name in bins.columns else np.zeros(len(bins))
+                       for name, _, _ in STRIP_MARKS])  # (events, bins)
+    rows = np.arange(1, len(STRIP_MARKS) + 1, dtype=float)[:, None]
+    colours = [colour for _, _, colour in STRIP_MARKS]
+    grid.add(1, {"type": "heatmap", "x": centres, "y": [label for _, label, _ in STRIP_MARKS],
+                 "z": np.where(counts > 0, rows, np.nan), "customdata": counts, "zmin": 0.5,
+                 "zmax": len(STRIP_MARKS) + 0.5, "showscale": False, "xgap": 0, "ygap": 2,
+                 "colorscale": [[f / len(colours), colour] for i, colour in enumerate(colours) for f in (i, i + 1)],
+                 "hovertemplate": "around token %{x:.0f}: %{customdata} %{y}<extra></extra>"})
+    grid.axis(0, "y").update(showticklabels=False, fixedrange=True)
+    grid.axis(1, "y").update(autorange="reversed", tickfont={"size": 10}, fixedrange=True, side="right")
     grid.axis(0, "x").update(showticklabels=False, range=[first.min() - 0.5, last.max() + 0.5])
     grid.axis(1, "x").update(title={"text": "token position"})
     grid.layout["yaxis"]["domain"], grid.layout["yaxis2"]["domain"] = [0.62, 1.0], [0.0, 0.58]
-    return grid.figure(height=170, margin={"l": 10, "r": 80, "t": 5, "b": 35}, showlegend=False, bargap=0,
+    return grid.figure(height=170, margin={"l": 10, "r": 80, "t": 5, "b": 35}, showlegend=False,
                        shapes=[_window_outline(window)], clickmode="event+select", dragmode=False)
 
 

@@ -14,6 +14,7 @@ import numpy as np
 import pandas as pd
 import pytest
 from test_dashboard import array, dataframe, independent, open_page, plotly_spec
+from test_token_views import grid
 
 from dashboard import data
 from dashboard.tokens import CHANNELS, MISMATCH_CHANNELS
@@ -111,16 +112,19 @@ def test_a_long_rollout_is_shown_by_windows_with_a_strip_of_the_whole(logs, monk
     assert values["position"].tolist() == list(range(512))
     np.testing.assert_allclose(values["mismatch"], rows["mismatch"][:512], rtol=1e-9)
     np.testing.assert_allclose(values["is_weight"], rows["is_weight"][:512], rtol=1e-9)
-    # The strip: 1,000 bars of 5 tokens each, coloured by their mean mismatch; a mark under every bin with a clip
-    # event or a rejected token; the window outlined.
+    # The strip: 1,000 cells of 5 tokens each, coloured by their mean mismatch; under them a mark in every bin
+    # with a clip event or a rejected token, on that event's line; the window outlined.
     strip = plotly_spec(at, "token_strip")
-    bars, marks = strip["data"][0], {t["y"][0]: array(t["x"]) for t in strip["data"][1:] if len(t["y"])}
+    cells, marks = strip["data"]
     by_bin = rows.groupby(rows["position"] // 5)
-    np.testing.assert_allclose(array(bars["marker"]["color"]), by_bin["mismatch"].mean(), rtol=1e-9)
-    np.testing.assert_allclose(array(bars["x"]), (by_bin["position"].min() + by_bin["position"].max()) / 2)
+    np.testing.assert_allclose(grid(cells["z"])[0], by_bin["mismatch"].mean(), rtol=1e-9)
+    np.testing.assert_allclose(array(cells["x"]), (by_bin["position"].min() + by_bin["position"].max()) / 2)
     for label, hit in (("clip low", rows["clip"] == CLIP_LOW), ("rejected", rows["rejected"] != 0)):
-        centres = np.unique(rows["position"][hit] // 5) * 5 + 2
-        np.testing.assert_allclose(marks[label], centres)
+        line = grid(marks["z"])[marks["y"].index(label)]
+        marked = np.flatnonzero(~np.isnan(line))
+        assert marked.tolist() == np.unique(rows["position"][hit] // 5).tolist()
+        np.testing.assert_allclose(grid(marks["customdata"])[marks["y"].index(label)][marked],
+                                   by_bin.apply(lambda b, hit=hit: int(hit[b.index].sum()))[marked])
     outline = strip["layout"]["shapes"][0]
     assert (outline["x0"], outline["x1"]) == (-0.5, 511.5)
     # The heatmap: the whole completion binned, never one column per token.
