@@ -242,11 +242,13 @@ STRIP_MARKS = [(f"clip_{CLIP_NAMES[code]}", f"clip {CLIP_NAMES[code]}", CLIP_COL
 STRIP_MARKS.append(("rejected_tokens", "rejected", "#111"))
 
 
-def token_overview_strip(bins: pd.DataFrame, channel_name: str, window: tuple[int, int]) -> go.Figure:
+def token_overview_strip(bins: pd.DataFrame, channel_name: str, window: tuple[int, int], window_size: int
+                         ) -> go.Figure:
     """A whole completion in one strip: a cell per bin of `dashboard.data.rollout_token_bins` coloured by the bin's
     mean of the channel, under it a mark on the line of each event (clip low/high/dual, rejected) the bin holds,
     the window shown in the text outlined. Heatmaps (drawn as images): the same strip as 1,000 bars and markers
-    took six times as long to draw in a browser."""
+    took six times as long to draw in a browser. Over the cells, an invisible point at the middle of each window
+    of `window_size` tokens takes the clicks (Streamlit reports a click on a point, not on a heatmap cell)."""
     channel = CHANNELS[channel_name]
     values = pd.to_numeric(bins.get(channel.column, pd.Series(np.nan, index=bins.index)), errors="coerce")
     low, high = channel_range(values, channel)
@@ -255,8 +257,13 @@ def token_overview_strip(bins: pd.DataFrame, channel_name: str, window: tuple[in
     grid = Subplots(2, 1, vspace=0.04, shared_x=True)
     grid.add(0, {"type": "heatmap", "x": centres, "y": [html.escape(channel.label)],
                  "z": [values.to_numpy(dtype=float)], "zmin": low, "zmax": high, "showscale": False,
-                 "colorscale": _scale(channel.colorscale),
-                 "hovertemplate": "around token %{x:.0f}: %{z:.4g}<extra>click: show these tokens</extra>"})
+                 "colorscale": _scale(channel.colorscale), "hoverinfo": "skip"})
+    starts = np.arange(first.min() - first.min() % window_size, last.max() + 1, window_size)
+    ends = np.minimum(starts + window_size - 1, last.max())
+    grid.add(0, {"type": "scatter", "mode": "markers", "x": (starts + ends) / 2,
+                 "y": [html.escape(channel.label)] * len(starts),
+                 "customdata": np.stack([starts, ends], axis=-1), "marker": {"size": 24, "opacity": 0},
+                 "hovertemplate": "tokens %{customdata[0]}–%{customdata[1]}<extra>click: show them</extra>"})
     # The marks as one heatmap (drawn as an image): thousands of SVG markers took seconds to draw in a browser.
     # Row i holds i + 1 where the bin has that event, NaN (not drawn) elsewhere; each row gets its own colour.
     counts = np.stack([bins[name].to_numpy(dtype=float) if name in bins.columns else np.zeros(len(bins))

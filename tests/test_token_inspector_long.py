@@ -115,7 +115,7 @@ def test_a_long_rollout_is_shown_by_windows_with_a_strip_of_the_whole(logs, monk
     # The strip: 1,000 cells of 5 tokens each, coloured by their mean mismatch; under them a mark in every bin
     # with a clip event or a rejected token, on that event's line; the window outlined.
     strip = plotly_spec(at, "token_strip")
-    cells, marks = strip["data"]
+    cells, windows, marks = strip["data"]
     by_bin = rows.groupby(rows["position"] // 5)
     np.testing.assert_allclose(grid(cells["z"])[0], by_bin["mismatch"].mean(), rtol=1e-9)
     np.testing.assert_allclose(array(cells["x"]), (by_bin["position"].min() + by_bin["position"].max()) / 2)
@@ -125,6 +125,8 @@ def test_a_long_rollout_is_shown_by_windows_with_a_strip_of_the_whole(logs, monk
         assert marked.tolist() == np.unique(rows["position"][hit] // 5).tolist()
         np.testing.assert_allclose(grid(marks["customdata"])[marks["y"].index(label)][marked],
                                    by_bin.apply(lambda b, hit=hit: int(hit[b.index].sum()))[marked])
+    starts = np.arange(0, LONG, 512)  # a click lands on the invisible point of a window: the page jumps there
+    np.testing.assert_allclose(array(windows["x"]), (starts + np.minimum(starts + 511, LONG - 1)) / 2)
     outline = strip["layout"]["shapes"][0]
     assert (outline["x0"], outline["x1"]) == (-0.5, 511.5)
     # The heatmap: the whole completion binned, never one column per token.

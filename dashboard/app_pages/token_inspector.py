@@ -132,7 +132,7 @@ if int(bins["tokens"].sum()) > DEFAULT_WINDOW:
     how_many.selectbox("Window", WINDOW_SIZES, index=WINDOW_SIZES.index(size), key="window_size",
                        format_func=lambda n: f"{n} tokens")
     window = (max(start, first_pos), min(start + size - 1, last_pos))
-    st.plotly_chart(charts.token_overview_strip(bins, channel, window), key="token_strip",
+    st.plotly_chart(charts.token_overview_strip(bins, channel, window, size), key="token_strip",
                     on_select=jump_to_clicked_bin, selection_mode="points", config={"displayModeBar": False})
     common.set_url_value("window", start)
 else:
