@@ -48,6 +48,9 @@ def _script(name: str):
 widgets = _script("browser_widgets")
 
 
+LOAD_TIMEOUT_S = 300  # a page load waits this long before failing (the first one imports torch on a busy machine)
+
+
 class PageError(RuntimeError):
     """The page showed an exception or an error box: its timings would be those of the error."""
 
@@ -62,7 +65,7 @@ def load(page, watch, url: str) -> float:
     """Seconds from the navigation start to the page's last change, once idle."""
     before = watch.count()
     page.goto(url, wait_until="commit")
-    widgets.wait_idle(page, watch, before, quiet_ms=widgets.LOAD_QUIET_MS)
+    widgets.wait_idle(page, watch, before, timeout_s=LOAD_TIMEOUT_S, quiet_ms=widgets.LOAD_QUIET_MS)
     checked(page, watch, url)
     return page.evaluate("window.__lastChange") / 1000  # performance.now() counts from the navigation start
 
@@ -70,7 +73,7 @@ def load(page, watch, url: str) -> float:
 def reload(page, watch) -> float:
     before = watch.count()
     page.reload(wait_until="commit")
-    widgets.wait_idle(page, watch, before, quiet_ms=widgets.LOAD_QUIET_MS)
+    widgets.wait_idle(page, watch, before, timeout_s=LOAD_TIMEOUT_S, quiet_ms=widgets.LOAD_QUIET_MS)
     checked(page, watch, f"reload of {page.url}")
     return page.evaluate("window.__lastChange") / 1000
 
