@@ -49,6 +49,7 @@ GROUPS: dict[str, list[tuple[str, str, list[str]]]] = {  # group -> (run name, l
         ("ent-kl-cov", "KL-Cov", ["--algo", "kl_cov"]),
     ],
 }
+SPAN = 10  # steps averaged at the start and at the end of a run for the tables' "early -> late" cells
 FIGURES = {"mismatch": "mismatch_runs.png", "entropy": "entropy_runs.png"}
 CURVES = {
     "mismatch": [("heldout_accuracy", "held-out accuracy (greedy)"),
@@ -142,12 +143,12 @@ def common_step(steps) -> int:
     return int(evaluated.groupby("run")["step"].max().min())
 
 
-def early_late(frame, column: str, first: int, span: int = 10) -> str:
-    """Mean of a per-step metric over its first `span` logged steps from `first` on, then over its last `span`."""
+def early_late(frame, column: str, first: int) -> str:
+    """Mean of a per-step metric over its first SPAN logged steps from `first` on, then over its last SPAN."""
     values = frame[frame["step"] >= first].dropna(subset=[column]) if column in frame else frame.iloc[0:0]
     if values.empty:
         return "-"
-    return f"{values[column].head(span).mean():.4g} -> {values[column].tail(span).mean():.4g}"
+    return f"{values[column].head(SPAN).mean():.4g} -> {values[column].tail(SPAN).mean():.4g}"
 
 
 def accuracy_cells(frame, upto: int) -> list[str]:
@@ -163,6 +164,14 @@ def dropped_share(reader, run: str, upto: int) -> str:
     row = reader.sql("SELECT avg(CASE WHEN rejected <> 0 THEN 1.0 ELSE 0.0 END) AS share FROM token_passes "
                      "WHERE run = ? AND step <= ? AND rejected IS NOT NULL", [run, upto]).iloc[0]
     return "-" if row["share"] != row["share"] else f"{row['share']:.2%}"
+
+
+def cov_selected(reader, run: str, upto: int) -> str:
+    """Token-passes the covariance rule of Clip-Cov / KL-Cov selected (clip code 4), per step and as a share."""
+    row = reader.sql("SELECT sum(CASE WHEN clip = 4 THEN 1 ELSE 0 END) AS n, count(*) AS total, "
+                     "count(DISTINCT step) AS steps FROM token_passes WHERE run = ? AND step <= ?",
+                     [run, upto]).iloc[0]
+    return "-" if not row["total"] else f"{row['n'] / row['steps']:.1f} ({row['n'] / row['total']:.3%})"
 
 
 def mismatch_table(reader, runs, steps, upto: int) -> list[str]:
@@ -181,13 +190,16 @@ def mismatch_table(reader, runs, steps, upto: int) -> list[str]:
     return lines
 
 
-def entropy_table(runs, steps, upto: int) -> list[str]:
-    lines = [f"| run | held-out greedy: warm start -> step {upto} (best) | sampled | entropy: steps 1-10 -> last 10 | "
-             "lowest step entropy | KL to reference, last 10 |", "|---|---|---|---|---|---|"]
-    for _, label, _ in runs:
+def entropy_table(reader, runs, steps, upto: int) -> list[str]:
+    lines = [f"| run | held-out greedy: warm start -> step {upto} (best) | sampled | "
+             f"entropy: steps 1-{SPAN} -> last {SPAN} | lowest step entropy | KL to reference, last {SPAN} | "
+             "token-passes the cov rule selected per step |",
+             "|---|---|---|---|---|---|---|"]
+    for run, label, _ in runs:
         frame = steps[(steps["run"] == label) & (steps["step"] <= upto)]
         lines.append("| " + " | ".join([label, *accuracy_cells(frame, upto), early_late(frame, "entropy", 1),
-                                         f"{frame['entropy'].min():.4f}", f"{frame['kl'].tail(10).mean():.4g}"])
+                                         f"{frame['entropy'].min():.4f}", f"{frame['kl'].tail(SPAN).mean():.4g}",
+                                         cov_selected(reader, run, upto)])
                      + " |")
     return lines
 
@@ -216,7 +228,7 @@ def report(logs_dir: Path, groups: list[str], out_dir: Path | None) -> list[str]
             steps = group_steps(reader, runs)
             upto = common_step(steps)
             table = mismatch_table(reader, runs, steps, upto) if group == "mismatch" else entropy_table(
-                runs, steps, upto)
+                reader, runs, steps, upto)
             lines += [f"### {group}: {len(runs)} runs compared at step {upto}", "", *table, ""]
             if out_dir is not None:
                 curves_png(steps, group, upto, out_dir / FIGURES[group])
