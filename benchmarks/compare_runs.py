@@ -137,10 +137,11 @@ def group_steps(reader, runs: list[tuple[str, str, list[str]]]):
     return pd.concat(frames, ignore_index=True)
 
 
-def common_step(steps) -> int:
-    """The last evaluated step every run of the group reached."""
-    evaluated = steps[steps["heldout_accuracy"].notna()]
-    return int(evaluated.groupby("run")["step"].max().min())
+def compared_runs(runs, steps) -> tuple[list, int]:
+    """The runs evaluated after their warm start, and the last evaluated step all of them reached."""
+    last = steps[steps["heldout_accuracy"].notna()].groupby("run")["step"].max()  # by label
+    kept = [run for run in runs if last.get(run[1], 0) > 0]
+    return kept, min((int(last[label]) for _, label, _ in kept), default=0)
 
 
 def early_late(frame, column: str, first: int) -> str:
@@ -224,12 +225,17 @@ def report(logs_dir: Path, groups: list[str], out_dir: Path | None) -> list[str]
     lines = []
     with RunReader(logs_dir) as reader:
         for group in groups:
-            runs = GROUPS[group]
-            steps = group_steps(reader, runs)
-            upto = common_step(steps)
-            table = mismatch_table(reader, runs, steps, upto) if group == "mismatch" else entropy_table(
-                reader, runs, steps, upto)
-            lines += [f"### {group}: {len(runs)} runs compared at step {upto}", "", *table, ""]
+            runs, steps = GROUPS[group], group_steps(reader, GROUPS[group])
+            kept, upto = compared_runs(runs, steps)
+            lines += [f"### {group}: {len(kept)} of {len(runs)} runs compared at step {upto}", ""]
+            if missing := [run[1] for run in runs if run not in kept]:
+                lines += [f"Not evaluated after the warm start yet: {', '.join(missing)}.", ""]
+            if not kept:
+                continue
+            steps = steps[steps["run"].isin([label for _, label, _ in kept])]
+            table = mismatch_table(reader, kept, steps, upto) if group == "mismatch" else entropy_table(
+                reader, kept, steps, upto)
+            lines += [*table, ""]
             if out_dir is not None:
                 curves_png(steps, group, upto, out_dir / FIGURES[group])
                 lines += [f"(curves: {out_dir / FIGURES[group]})", ""]

@@ -50,12 +50,15 @@ def _write_run(logs_dir: Path, name: str, steps: int, seed: int) -> dict[int, di
 
 def test_runs_are_compared_at_the_last_evaluated_step_all_reached(tmp_path, compare_runs, monkeypatch):
     long, short = _write_run(tmp_path, "run-long", 9, seed=0), _write_run(tmp_path, "run-short", 6, seed=1)
+    _write_run(tmp_path, "run-new", 0, seed=2)  # only its warm start evaluated so far
     monkeypatch.setattr(compare_runs, "SPAN", 2)  # early = the first 2 steps, late = the last 2
-    monkeypatch.setitem(compare_runs.GROUPS, "mismatch", [("run-long", "long", []), ("run-short", "short", [])])
+    monkeypatch.setitem(compare_runs.GROUPS, "mismatch", [("run-long", "long", []), ("run-new", "new", []),
+                                                          ("run-short", "short", []), ("never-run", "unborn", [])])
 
     lines = compare_runs.report(tmp_path, ["mismatch"], None)
 
-    assert lines[0] == "### mismatch: 2 runs compared at step 6"  # run-short's last evaluation; run-long went on
+    assert lines[0] == "### mismatch: 2 of 4 runs compared at step 6"  # run-short's last evaluation; run-long went on
+    assert lines[2] == "Not evaluated after the warm start yet: new, unborn."
     rows = {line.split(" | ")[0].lstrip("| "): line.strip("| ").split(" | ") for line in lines if line.startswith("| ")}
     for label, logged, seed in (("long", long, 0), ("short", short, 1)):
         cells = rows[label]
