@@ -182,8 +182,8 @@ def mismatch_table(reader, runs, steps, upto: int) -> list[str]:
              "|---|---|---|---|---|---|---|---|"]
     for run, label, _ in runs:
         frame = steps[(steps["run"] == label) & (steps["step"] <= upto)]
-        weights = (f"{frame['is_weight_mean'].mean():.4f} / {frame['is_weight_ess'].mean():.4f}"
-                   if "is_weight_mean" in frame and frame["is_weight_mean"].notna().any() else "-")
+        weights = (f"{frame['mismatch_is_weight_mean'].mean():.4f} / {frame['mismatch_is_weight_ess'].mean():.4f}"
+                   if "mismatch_is_weight_mean" in frame and frame["mismatch_is_weight_mean"].notna().any() else "-")
         lines.append("| " + " | ".join([label, *accuracy_cells(frame, upto),
                                          *(early_late(frame, "mismatch_" + m, lag + 1)
                                            for m in ("out_of_band", "mean_abs_log_ratio", "chi2_token")),
