@@ -14,8 +14,10 @@ machine, as they would on a laptop):
   the server started (imports) is reported on its own;
 - reload: the same tab reloaded;
 - interactions: every widget of every page changed in turn (another option, a key press on a slider, a click, a
-  new cell value), as the browser test does; the sidebar's run excepted.
-The run's middle step is used (a step inside the largest compacted chunk, not the small newest folder).
+  new cell value), as the browser test does; the sidebar's run excepted; on the Token inspector first the text's
+  window moved three times (on a completion longer than one window).
+The run's middle step is used (a step inside the largest compacted chunk, not the small newest folder); the Token
+inspector opens on the run's longest completion, at its step.
 Targets (issue 12): interaction < 0.5 s, first page < 3 s, reload < 1.5 s.
 """
 
@@ -46,6 +48,9 @@ def _script(name: str):
 widgets = _script("browser_widgets")
 
 
+LOAD_TIMEOUT_S = 300  # a page load waits this long before failing (the first one imports torch on a busy machine)
+
+
 class PageError(RuntimeError):
     """The page showed an exception or an error box: its timings would be those of the error."""
 
@@ -60,7 +65,7 @@ def load(page, watch, url: str) -> float:
     """Seconds from the navigation start to the page's last change, once idle."""
     before = watch.count()
     page.goto(url, wait_until="commit")
-    widgets.wait_idle(page, watch, before, quiet_ms=widgets.LOAD_QUIET_MS)
+    widgets.wait_idle(page, watch, before, timeout_s=LOAD_TIMEOUT_S, quiet_ms=widgets.LOAD_QUIET_MS)
     checked(page, watch, url)
     return page.evaluate("window.__lastChange") / 1000  # performance.now() counts from the navigation start
 
@@ -68,9 +73,25 @@ def load(page, watch, url: str) -> float:
 def reload(page, watch) -> float:
     before = watch.count()
     page.reload(wait_until="commit")
-    widgets.wait_idle(page, watch, before, quiet_ms=widgets.LOAD_QUIET_MS)
+    widgets.wait_idle(page, watch, before, timeout_s=LOAD_TIMEOUT_S, quiet_ms=widgets.LOAD_QUIET_MS)
     checked(page, watch, f"reload of {page.url}")
     return page.evaluate("window.__lastChange") / 1000
+
+
+def move_the_window(page, watch, times: int) -> list[float]:
+    """Seconds to show the next window of a long completion's text in the Token inspector (a key press on its
+    window slider), `times` in a row; none when the completion fits in one window."""
+    seconds = []
+    for _ in range(times):
+        slider = next((w for w in widgets.find_widgets(page) if w["name"] == 'main: stSlider "Tokens shown"'), None)
+        if slider is None:
+            break
+        before, started = watch.count(), page.evaluate("performance.now()")
+        widgets.change(page, slider)
+        widgets.wait_idle(page, watch, before)
+        checked(page, watch, "moving the Token inspector's window")
+        seconds.append(max(page.evaluate("window.__lastChange") - started, 0.0) / 1000)
+    return seconds
 
 
 def server_memory_mb(port: int) -> float | None:
@@ -90,7 +111,7 @@ def server_memory_mb(port: int) -> float | None:
 RUN_PICKER = 'sidebar: stSelectbox "Run"'
 
 
-def measure(logs_dir: Path, run: str, step: int, rollout: int, repeat: int,
+def measure(logs_dir: Path, run: str, step: int, longest: tuple[int, int], repeat: int,
             pages: list[str]) -> dict[str, list[float]]:
     from playwright.sync_api import sync_playwright
 
@@ -103,7 +124,8 @@ def measure(logs_dir: Path, run: str, step: int, rollout: int, repeat: int,
 
     with screenshots.serve_dashboard(logs_dir, timeout=300) as url, sync_playwright() as playwright:
         browser = screenshots.launch_browser(playwright)
-        query = f"run={run}&step={step}&rollout={rollout}"
+        query = f"run={run}&step={step}"
+        token_query = f"run={run}&step={longest[0]}&rollout={longest[1]}"
         for _ in range(repeat):
             for name, path in PAGES.items():
                 if name not in pages:
@@ -111,9 +133,12 @@ def measure(logs_dir: Path, run: str, step: int, rollout: int, repeat: int,
                 context = browser.new_context(viewport={"width": 1400, "height": 1000})
                 page = context.new_page()
                 watch = widgets.ServerWatch().attach(page)
-                seconds = load(page, watch, f"{url}/{path}?{query}")
+                seconds = load(page, watch, f"{url}/{path}?{token_query if name == 'tokens' else query}")
                 record("first load, server just started" if not results else f"first load: {name}", seconds)
                 record(f"reload: {name}", reload(page, watch))
+                if name == "tokens":
+                    for seconds in move_the_window(page, watch, times=3):
+                        record("tokens: move the window", seconds)
                 # every widget of the page, changed in turn (not the run: that leaves the benchmark's run)
                 for widget, seconds, problems in widgets.change_every_widget(page, watch, {RUN_PICKER}):
                     if problems:
@@ -144,10 +169,13 @@ def main(argv: list[str] | None = None) -> int:
         reader = RunReader(logs_dir, run)
         step = int(reader.sql("SELECT max(step) // 2 AS s FROM steps")["s"][0])
         tokens = int(reader.sql("SELECT count(*) AS n FROM tokens")["n"][0])
-        rollout = int(reader.sql("SELECT min(rollout_id) AS r FROM rollouts WHERE step = ? AND kind = 'train'",
-                                 [step])["r"][0])
-        print(f"\n{run}: {tokens:,} token rows, step {step}, rollout {rollout}")
-        results = measure(logs_dir, run, step, rollout, args.repeat, args.pages)
+        # The Token inspector opens on the run's longest completion (its heaviest case: 16k tokens in the long shape).
+        longest = reader.sql("SELECT step, rollout_id, length FROM rollouts WHERE kind = 'train' "
+                             "ORDER BY length DESC, step LIMIT 1")
+        token_step, rollout = int(longest["step"][0]), int(longest["rollout_id"][0])
+        print(f"\n{run}: {tokens:,} token rows, step {step}; Token inspector: step {token_step}, rollout {rollout} "
+              f"({int(longest['length'][0]):,} tokens)")
+        results = measure(logs_dir, run, step, (token_step, rollout), args.repeat, args.pages)
         print(f"  medians of {args.repeat}:")
         for name, values in results.items():
             print(f"    {name:<34} {statistics.median(values):6.2f} s")

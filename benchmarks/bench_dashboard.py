@@ -4,6 +4,9 @@
                                                               # 100M token rows, 200M token-pass rows
     python benchmarks/bench_dashboard.py --steps 40           # 10M token rows
     python benchmarks/bench_dashboard.py --runs 200           # + `policylens runs` and a refresh over 200 runs
+    python benchmarks/bench_dashboard.py --shape long         # a reasoning run: 15 steps x 256 completions of
+                                                              # ~2k tokens (up to 16k): 10M token rows
+    python benchmarks/bench_dashboard.py --shape long --steps 150   # 100M token rows
 
 The run is written once into `--logs-dir` (default `bench_logs/`, git-ignored) and reused by later invocations.
 It goes through `RunWriter.log_many`, which writes each step straight into the chunk compaction would finally put
@@ -21,6 +24,7 @@ Server time only; what a browser adds is `benchmarks/bench_browser.py`.
 from __future__ import annotations
 
 import argparse
+import math
 import os
 import resource
 import shutil
@@ -28,6 +32,7 @@ import statistics
 import subprocess
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -40,30 +45,96 @@ VOCAB = ["2", "x", " +", " 3", " =", " 7", "\n", " -", " 4", "x =", " 2", "Step"
          " divide", " by", "<eos>"]
 
 
-def run_name(steps: int, groups: int, group_size: int, length: int) -> str:
-    return f"{RUN_PREFIX}-{steps}x{groups}x{group_size}x{length}"
+@dataclass(frozen=True)
+class Shape:
+    """How the benchmark run's steps look: the sizes of a step's groups, the completion lengths, the reasoning steps.
+
+    short: groups of `group_size` equal-size groups, lengths uniform in [max_len/2, max_len], three reasoning steps
+    per completion (the engine's own tasks, scaled up).
+    long: a reasoning run (the runs the TRL adapter and the importers bring in): 256 rollouts a step in groups of 8
+    and 16, lengths log-normal around 2k tokens with a tail cut at 16k (a longer one is truncated there, as a
+    `max_completion_length` does), a process-supervised step every ~50 tokens."""
+
+    name: str
+    group_sizes: tuple[int, ...]
+    max_len: int
+    median_len: float | None = None  # None: uniform lengths in [max_len/2, max_len]; else log-normal around it
+    tokens_per_prm_step: int | None = None  # None: three reasoning steps per completion
+
+    def lengths(self, rng, n: int):
+        import numpy as np
+
+        if self.median_len is None:
+            return rng.integers(max(2, self.max_len // 2), self.max_len + 1, n)
+        # sigma 0.8: ~0.5% of completions reach 16k from a 2k median, one or two per 256-rollout step.
+        drawn = rng.lognormal(np.log(self.median_len), 0.8, n)
+        return np.clip(np.round(drawn), 32, self.max_len).astype(np.int64)
+
+    def prm_steps_of(self, rng, lengths):
+        """The number of reasoning steps of each completion, (N,)."""
+        import numpy as np
+
+        if self.tokens_per_prm_step is None:
+            return np.full(len(lengths), 3)
+        spacing = rng.integers(self.tokens_per_prm_step * 4 // 5, self.tokens_per_prm_step * 6 // 5 + 1, len(lengths))
+        return np.maximum(1, -(-lengths // spacing))  # ceil(length / spacing)
 
 
-def synthetic_step(step: int, groups: int, group_size: int, length: int, passes: int, rng) -> dict:
-    """One step's tables (the keyword arguments of `RunWriter.log_step`), built with numpy in bulk.
+def short_shape(groups: int, group_size: int, length: int) -> Shape:
+    return Shape(f"{groups}x{group_size}x{length}", (group_size,) * groups, length)
 
-    Shaped like the engine's: groups of `group_size` completions of an equation task (plus 2 eval prompts),
-    lengths uniform in [length/2, length], log-probs, ratios that drift from 1 across passes, clip codes by the
-    GRPO rule, three reasoning steps per completion."""
+
+LONG_SHAPE = Shape("long-256x16384", (8,) * 16 + (16,) * 8, 16384, median_len=2000, tokens_per_prm_step=50)
+
+
+def run_name(steps: int, shape: Shape) -> str:
+    return f"{RUN_PREFIX}-{steps}x{shape.name}" if shape.median_len is None else f"{RUN_PREFIX}-{shape.name}-{steps}"
+
+
+def sampler_columns(old_logp, rng) -> dict:
+    """What a bf16 rollout engine reports next to the trainer's log-probs: a small gap on most tokens, a heavy
+    tail on a few (Student-t), and the untruncated log-prob a little below the renormalised one."""
     import numpy as np
 
-    from engine.clip_codes import CLIP_CAP, CLIP_HIGH, CLIP_LOW, CLIP_NONE
+    sampler_logp = np.minimum(0.0, old_logp + 0.02 * rng.standard_t(3, len(old_logp)))
+    return {"sampler_logp": sampler_logp, "sampler_logp_full": sampler_logp + np.log(rng.uniform(0.85, 1.0,
+                                                                                                    len(old_logp)))}
+
+
+def synthetic_step(step: int, shape: Shape, passes: int, rng) -> dict:
+    """One step's tables (the keyword arguments of `RunWriter.log_step`), built with numpy in bulk.
+
+    Shaped like the engine's: groups of completions of an equation task (plus 2 eval prompts), log-probs, a
+    sampler's log-probs beside them, ratios that drift from 1 across passes, clip codes by the GRPO rule, token
+    TIS weights and token rejections as the corrections log them, reasoning steps over each completion."""
+    import numpy as np
+
+    from engine.clip_codes import (
+        CLIP_CAP,
+        CLIP_HIGH,
+        CLIP_LOW,
+        CLIP_NONE,
+        clip_fractions,
+        count_clip_events,
+        fraction_column,
+    )
+    from engine.correction_settings import REJECT_NONE, REJECT_TOKEN
 
     evals = 2
-    n_train, n = groups * group_size, groups * group_size + evals
+    sizes = np.array(shape.group_sizes)
+    groups = len(sizes)
+    n_train = int(sizes.sum())
+    n = n_train + evals
     kind = np.array(["train"] * n_train + ["eval"] * evals, dtype=object)
-    prompt_index = np.concatenate([np.repeat(np.arange(groups), group_size), np.arange(evals)])  # (N,)
+    group_of = np.repeat(np.arange(groups), sizes)  # (N_train,)
+    prompt_index = np.concatenate([group_of, np.arange(evals)])  # (N,)
     reward = (rng.random(n) < 0.3 + 0.5 * step / (step + 10)).astype(float)
-    by_group = reward[:n_train].reshape(groups, group_size)
-    std = by_group.std(axis=1, ddof=1)
-    advantage = np.concatenate([((by_group - by_group.mean(1, keepdims=True)) / (std[:, None] + 1e-6)).ravel(),
-                                np.zeros(evals)])
-    lengths = rng.integers(max(2, length // 2), length + 1, n)  # (N,)
+    train_reward = reward[:n_train]
+    count = np.bincount(group_of, minlength=groups)
+    mean = np.bincount(group_of, train_reward, groups) / count
+    std = np.sqrt(np.bincount(group_of, (train_reward - mean[group_of]) ** 2, groups) / np.maximum(count - 1, 1))
+    advantage = np.concatenate([(train_reward - mean[group_of]) / (std[group_of] + 1e-6), np.zeros(evals)])
+    lengths = shape.lengths(rng, n)  # (N,)
     rollout = np.repeat(np.arange(n), lengths)  # (T_total,)
     starts = np.cumsum(lengths) - lengths
     position = np.arange(len(rollout)) - starts[rollout]
@@ -72,10 +143,16 @@ def synthetic_step(step: int, groups: int, group_size: int, length: int, passes:
     old_logp = -rng.gamma(1.0, 0.6, len(rollout))
     ref_logp = old_logp + rng.normal(0, 0.05, len(rollout))
     token_adv = advantage[rollout]
+    prm_count = shape.prm_steps_of(rng, lengths)  # (N,)
+    samples = sampler_columns(old_logp, rng)
     tokens = {"rollout_id": rollout, "position": position, "token_id": token_id, "token_text": text,
               "old_logp": old_logp, "ref_logp": ref_logp, "entropy": rng.gamma(2.0, 0.4, len(rollout)),
-              "advantage": token_adv, "prm_step": np.minimum(position * 3 // lengths[rollout], 2)}
+              "advantage": token_adv, "prm_step": position * prm_count[rollout] // lengths[rollout], **samples}
     trained = rollout < n_train
+    # Token TIS (threshold 2) and token_k1 rejection outside [1/1.1, 1.1], the same in every pass.
+    log_is = old_logp[trained] - samples["sampler_logp"][trained]
+    is_weight = np.minimum(np.exp(log_is), 2.0)
+    rejected = np.where(np.abs(log_is) > np.log(1.1), REJECT_TOKEN, REJECT_NONE).astype(np.int8)
     per_pass = []
     for p in range(passes):
         new_logp = old_logp[trained] + rng.normal(0, 0.08 * p, int(trained.sum()))
@@ -84,62 +161,55 @@ def synthetic_step(step: int, groups: int, group_size: int, length: int, passes:
         clip = np.where((a < 0) & (ratio < 0.8), CLIP_LOW, np.where((a > 0) & (ratio > 1.2), CLIP_HIGH, CLIP_NONE))
         clip = np.where((a < 0) & (ratio > 3), CLIP_CAP, clip).astype(np.int8)
         log_ratio_ref = ref_logp[trained] - new_logp
+        kept = (clip == CLIP_NONE) & (rejected == REJECT_NONE)
         per_pass.append({"pass": np.full(len(ratio), p), "rollout_id": rollout[trained],
                          "position": position[trained], "new_logp": new_logp, "ratio": ratio, "clip": clip,
-                         "grad_weight": np.where(clip == CLIP_NONE, ratio * a / size, 0.0),
-                         "token_loss": -ratio * a / size, "kl": np.exp(log_ratio_ref) - log_ratio_ref - 1})
+                         "grad_weight": np.where(kept, is_weight * ratio * a / size, 0.0),
+                         "token_loss": -is_weight * ratio * a / size, "kl": np.exp(log_ratio_ref) - log_ratio_ref - 1,
+                         "is_weight": is_weight, "rejected": rejected})
     token_passes = {k: np.concatenate([p[k] for p in per_pass]) for k in per_pass[0]} if per_pass else None
     prompts = np.array([f"Solve for x: {g + 2}x + 3 = {2 * g + 7}" for g in range(max(groups, evals))], dtype=object)
-    filtered = np.concatenate([np.repeat(std == 0, group_size), np.zeros(evals, bool)])
+    filtered = np.concatenate([(std == 0)[group_of], np.zeros(evals, bool)])
+    all_correct = np.where(mean == 1, "all_correct", "all_wrong")[group_of]
     rollouts = {
         "rollout_id": np.arange(n), "group_id": np.where(kind == "train", prompt_index, 1000 + prompt_index),
-        "index_in_group": np.concatenate([np.tile(np.arange(group_size), groups), np.zeros(evals, int)]),
+        "index_in_group": np.concatenate([np.arange(n_train) - (np.cumsum(sizes) - sizes)[group_of],
+                                          np.zeros(evals, int)]),
         "kind": kind, "prompt_id": np.where(kind == "train", prompt_index + step * groups, prompt_index),
         "prompt": prompts[prompt_index],
         "completion": ["".join(text[s:s + k]) for s, k in zip(starts, lengths, strict=True)],
         "answer": (prompt_index + 2).astype(str).astype(object), "reward": reward, "reward_correct": reward,
         "reward_process": rng.normal(size=n), "reward_length": np.zeros(n), "advantage": advantage,
-        "length": lengths, "truncated": lengths == length, "filtered": filtered,
-        "filter_reason": np.where(filtered, np.concatenate([np.repeat(np.where(
-            by_group.mean(1) == 1, "all_correct", "all_wrong"), group_size), [""] * evals]), None),
+        "length": lengths, "truncated": lengths == shape.max_len, "filtered": filtered,
+        "filter_reason": np.where(filtered, np.concatenate([all_correct, [""] * evals]), None),
     }
-    prm_rollout, index = np.repeat(np.arange(n), 3), np.tile(np.arange(3), n)  # three thirds of each completion
-    first, last = (index * lengths[prm_rollout] + 2) // 3, ((index + 1) * lengths[prm_rollout] + 2) // 3 - 1
+    prm_rollout = np.repeat(np.arange(n), prm_count)  # (S,) reasoning steps spread evenly over each completion
+    index = np.arange(len(prm_rollout)) - (np.cumsum(prm_count) - prm_count)[prm_rollout]
+    k, size = prm_count[prm_rollout], lengths[prm_rollout]
+    first, last = (index * size + k - 1) // k, ((index + 1) * size + k - 1) // k - 1  # tokens with pos*k//size == i
     prm_steps = {"rollout_id": prm_rollout, "step_index": index, "first_pos": first, "last_pos": last,
                  "text": np.array(["".join(text[starts[r] + f: starts[r] + f + 4])
                                    for r, f in zip(prm_rollout, first, strict=True)], dtype=object),
-                 "reward_raw": rng.random(3 * n), "reward_norm": rng.normal(size=3 * n)}
-    metrics = synthetic_metrics(step, reward, lengths, n_train, length, std, tokens, token_passes, rng)
-    return {"metrics": metrics, "rollouts": rollouts, "tokens": tokens, "token_passes": token_passes,
-            "prm_steps": prm_steps}
-
-
-def synthetic_metrics(step: int, reward, lengths, n_train: int, length: int, std, tokens: dict,
-                      token_passes: dict | None, rng) -> dict:
-    """The step's `steps` row from its synthetic tables: `reward` and `lengths` of every completion (the first
-    `n_train` trained, the rest eval), `std` the reward's standard deviation per group."""
-    import numpy as np
-
-    from engine.clip_codes import clip_fractions, count_clip_events, fraction_column
-
-    train_reward, eval_reward, train_lengths = reward[:n_train], reward[n_train:], lengths[:n_train]
+                 "reward_raw": rng.random(len(prm_rollout)), "reward_norm": rng.normal(size=len(prm_rollout))}
     clip_all = token_passes["clip"] if token_passes else np.zeros(0, np.int8)
-    return {
+    metrics = {
         "wall_time": 30.0 * step, "step_seconds": 30.0, "reward_mean": float(train_reward.mean()),
         "reward_std": float(train_reward.std()), "accuracy": float(train_reward.mean()),
-        "heldout_accuracy": float(eval_reward.mean()) if step % 10 == 0 else None,
+        "heldout_accuracy": float(reward[n_train:].mean()) if step % 10 == 0 else None,
         "entropy": float(tokens["entropy"].mean()),
         "kl": float(token_passes["kl"].mean()) if token_passes else 0.0,
         **{fraction_column(c): share
            for c, share in clip_fractions(count_clip_events(np.asarray(clip_all)), len(clip_all)).items()},
-        "response_len_mean": float(train_lengths.mean()), "response_len_max": float(train_lengths.max()),
-        "truncated_frac": float((train_lengths == length).mean()),
-        "groups_kept": int(len(std) - (std == 0).sum()), "groups_filtered": int((std == 0).sum()), "gen_batches": 1,
+        "response_len_mean": float(lengths[:n_train].mean()), "response_len_max": float(lengths[:n_train].max()),
+        "truncated_frac": float((lengths[:n_train] == shape.max_len).mean()),
+        "groups_kept": int(groups - (std == 0).sum()), "groups_filtered": int((std == 0).sum()), "gen_batches": 1,
         "loss": float(rng.normal()), "grad_norm": float(rng.random()), "lr": 1e-6,
     }
+    return {"metrics": metrics, "rollouts": rollouts, "tokens": tokens, "token_passes": token_passes,
+            "prm_steps": prm_steps}
 
 
-def ensure_run(logs_dir, steps: int, groups: int, group_size: int, length: int, passes: int = 2) -> str:
+def ensure_run(logs_dir, steps: int, shape: Shape, passes: int = 2) -> str:
     """Write the benchmark run once (reused by later invocations); return its name.
 
     `RunWriter.log_many` puts each step straight into its final chunk: the same files as logging the steps one
@@ -148,7 +218,7 @@ def ensure_run(logs_dir, steps: int, groups: int, group_size: int, length: int, 
 
     from engine.runlog import RunWriter, list_runs
 
-    name = run_name(steps, groups, group_size, length)
+    name = run_name(steps, shape)
     existing = {r["run"]: r for r in list_runs(logs_dir)}
     if name in existing and existing[name]["status"] == "finished" and existing[name]["last_step"] == steps - 1:
         return name
@@ -156,15 +226,15 @@ def ensure_run(logs_dir, steps: int, groups: int, group_size: int, length: int, 
         print(f"{name}: incomplete ({existing[name]['status']}), rebuilding")
         shutil.rmtree(Path(logs_dir) / name)
     started = time.perf_counter()
-    config = {"algorithm": "grpo", "groups": groups, "group_size": group_size, "max_len": length, "passes": passes,
-              "synthetic": True}
+    config = {"algorithm": "grpo", "group_sizes": sorted(set(shape.group_sizes)), "rollouts": sum(shape.group_sizes),
+              "max_len": shape.max_len, "passes": passes, "synthetic": True}
     rng = np.random.default_rng(0)
     with RunWriter.create(logs_dir, name, algorithm="grpo", task="linear_equation", config=config,
                           model="synthetic") as writer:
         def tables_of(step: int) -> dict:
             if step % 25 == 0:
                 print(f"  step {step}/{steps} ({time.perf_counter() - started:.0f} s)", flush=True)
-            return synthetic_step(step, groups, group_size, length, passes, rng)
+            return synthetic_step(step, shape, passes, rng)
 
         writer.log_many(range(steps), tables_of)
     print(f"wrote {name} in {time.perf_counter() - started:.0f} s")
@@ -208,6 +278,15 @@ def time_reruns(at, repeat: int) -> dict[str, float]:
     return {label: statistics.median(values) for label, values in times.items()}
 
 
+def longest_rollout(logs_dir: Path, run: str) -> tuple[int, int, int]:
+    """(step, rollout id, length) of the run's longest train completion (the first such step)."""
+    from engine.runlog import RunReader
+
+    row = RunReader(logs_dir, run).sql("SELECT step, rollout_id, length FROM rollouts WHERE kind = 'train' "
+                                       "ORDER BY length DESC, step LIMIT 1").iloc[0]
+    return int(row["step"]), int(row["rollout_id"]), int(row["length"])
+
+
 def time_pages(logs_dir: Path, run: str, step: int, repeat: int) -> list[dict]:
     from streamlit.testing.v1 import AppTest
 
@@ -225,6 +304,20 @@ def time_pages(logs_dir: Path, run: str, step: int, repeat: int) -> list[dict]:
     at.switch_page("app_pages/algorithm_weighting.py").run()
     at.radio(key="weigh_scope").set_value("the whole step")
     rows.append({"page": "weighting, whole step", **time_reruns(at, repeat)})
+    # The Token inspector on the run's longest completion, then moving its window (each window a new query).
+    token_step, rollout, length = longest_rollout(logs_dir, run)
+    at.query_params["step"], at.query_params["rollout"] = token_step, rollout
+    at.switch_page("app_pages/token_inspector.py").run()
+    rows.append({"page": f"tokens, {length} tok", **time_reruns(at, repeat)})
+    if at.select_slider:
+        moves = []
+        for start in at.select_slider(key="window").options[1:repeat + 1]:
+            started = time.perf_counter()
+            at.select_slider(key="window").set_value(int(start.split("–")[0])).run()
+            moves.append(time.perf_counter() - started)
+            assert not at.exception, [e.message for e in at.exception]
+        rows.append({"page": "tokens, move window", "new reader": math.nan, "cold": statistics.median(moves),
+                     "warm": math.nan})
     return rows
 
 
@@ -263,6 +356,17 @@ def time_functions(logs_dir: Path, run: str, repeat: int) -> list[tuple[str, flo
     timed("tokens_at_update (1 rollout)", queries.tokens_at_update, logs, run, middle, (rollout,), -1)
     timed("token_heatmap_html", token_heatmap_html, tokens, "ratio")
     timed("token_channel_heatmap figure", charts.token_channel_heatmap, tokens, list(CHANNELS))
+    # The Token inspector on the run's longest completion: what it draws (bins, a window) against the whole.
+    at, longest, length = longest_rollout(logs_dir, run)
+    size = f"{length} tokens"
+    whole = timed(f"rollout_tokens (whole, {size})", queries.rollout_tokens, logs, run, at, (longest,), 1)
+    timed(f"token_heatmap_html (whole, {size})", token_heatmap_html, whole, "ratio")
+    bins = timed("rollout_token_bins (1000 bins)", queries.rollout_token_bins, logs, run, at, longest, 1, 1000)
+    window = timed("rollout_tokens (window of 512)", queries.rollout_tokens, logs, run, at, (longest,), 1,
+                   (4096, 4607))
+    timed("token_heatmap_html (window of 512)", token_heatmap_html, window, "ratio")
+    timed("token_overview_strip figure", charts.token_overview_strip, bins, "ratio", (4096, 4607), 512)
+    timed("token_channel_bins figure", charts.token_channel_bins, bins, list(CHANNELS), (4096, 4607))
     group = tuple(int(r) for r in rollouts[rollouts["group_id"] == rollouts["group_id"].iloc[0]]["rollout_id"])
     group_tokens = timed("rollout_tokens (1 group)", queries.rollout_tokens, logs, run, middle, group, 1)
     timed("prm_steps (1 group)", queries.prm_steps, logs, run, middle, group)
@@ -300,7 +404,7 @@ def many_runs(logs_dir: Path, count: int, repeat: int) -> None:
         for i in range(count):
             rng = np.random.default_rng(i)
             with RunWriter.create(folder, f"run-{i:04d}", algorithm="grpo", task="linear_equation") as writer:
-                writer.log_many(range(40), lambda step, rng=rng: synthetic_step(step, 2, 4, 32, 2, rng))
+                writer.log_many(range(40), lambda step, rng=rng: synthetic_step(step, short_shape(2, 4, 32), 2, rng))
         print(f"wrote {count} runs in {time.perf_counter() - started:.0f} s")
     command = [sys.executable, "-m", "engine.cli", "runs", "--logs-dir", str(folder)]
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
@@ -329,7 +433,11 @@ def peak_rss_mb() -> float:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--logs-dir", default=str(ROOT / "bench_logs"))
-    parser.add_argument("--steps", type=int, default=400)
+    parser.add_argument("--shape", choices=["short", "long"], default="short",
+                        help="short: --groups x --group-size completions of up to --length tokens; long: a reasoning "
+                        "run's (256 rollouts a step in groups of 8 and 16, log-normal lengths around 2k up to 16k)")
+    parser.add_argument("--steps", type=int, default=None, help="default 400 (short: 100M token rows), 15 (long: "
+                        "10M)")
     parser.add_argument("--groups", type=int, default=64)
     parser.add_argument("--group-size", type=int, default=8)
     parser.add_argument("--length", type=int, default=650, help="longest completion; lengths from half of it")
@@ -339,7 +447,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--skip-pages", action="store_true", help="functions only, no AppTest page renders")
     args = parser.parse_args(argv)
     logs_dir = Path(args.logs_dir).resolve()
-    run = ensure_run(logs_dir, args.steps, args.groups, args.group_size, args.length)
+    shape = LONG_SHAPE if args.shape == "long" else short_shape(args.groups, args.group_size, args.length)
+    args.steps = args.steps or (15 if args.shape == "long" else 400)
+    run = ensure_run(logs_dir, args.steps, shape)
     describe(logs_dir, run)
     if args.build_only:
         return 0

@@ -185,33 +185,103 @@ def step_distributions(rollouts: pd.DataFrame, title_suffix: str = "") -> go.Fig
 
 
 def token_channel_heatmap(tokens: pd.DataFrame, channel_names: list[str]) -> go.Figure:
-    """Token x channel heatmap: one row per channel, each on its own scale (same scales as the token view)."""
-    channel_names = [c for c in channel_names if CHANNELS[c].column in tokens.columns
-                     and pd.to_numeric(tokens[CHANNELS[c].column], errors="coerce").notna().any()]
+    """Token x channel heatmap: one row per channel, each on its own scale (same scales as the token view), one
+    column per token at its position."""
+    labels = [f"{p}:{_token_label(t)}" for p, t in zip(tokens["position"], tokens["token_text"], strict=True)]
+    figure = _channel_rows(tokens, channel_names, tokens["position"].tolist(), labels, "token %{customdata}")
+    # Ticks on whole positions only, each centred on its cell (a cell spans position ± 0.5): left to plotly, a short
+    # rollout gets ticks at 0, 0.5, 1, 1.5 with cells between them.
+    bottom = max((k for k in figure.layout if k.startswith("xaxis")), key=lambda k: int(k[5:] or 1))
+    figure.layout[bottom].update(tickmode="linear", tick0=0, dtick=position_tick_step(len(tokens)))
+    return figure
+
+
+def token_channel_bins(bins: pd.DataFrame, channel_names: list[str], window: tuple[int, int]) -> go.Figure:
+    """Token x channel heatmap of a long completion at screen resolution: one column per bin of
+    `dashboard.data.rollout_token_bins` (the mean of its tokens), the window shown in the text outlined."""
+    centres = ((bins["first_pos"] + bins["last_pos"]) / 2).to_numpy(dtype=float)
+    width = int(bins["tokens"].max())  # no label per cell: 14 rows of them were most of the figure's bytes
+    figure = _channel_rows(bins, channel_names, centres, None, f"mean of the {width} tokens around %{{x:.0f}}")
+    figure.layout["shapes"] = [_window_outline(window)]
+    return figure
+
+
+def _channel_rows(frame: pd.DataFrame, channel_names: list[str], x, labels: list[str] | None,
+                  hover: str) -> go.Figure:
+    """One heatmap row per channel that `frame` has values of, at `x`; on hover `hover` (which may show the
+    cell's entry of `labels` as %{customdata}) and the value."""
+    channel_names = [c for c in channel_names if CHANNELS[c].column in frame.columns
+                     and pd.to_numeric(frame[CHANNELS[c].column], errors="coerce").notna().any()]
     n = max(1, len(channel_names))
     grid = Subplots(n, 1, vspace=0.02 if n > 1 else 0, shared_x=True)
-    labels = [
-        f"{p}:{visible_text(str(t)).replace('<br>', '')}"
-        for p, t in zip(tokens["position"], tokens["token_text"], strict=True)
-    ]
     for i, name in enumerate(channel_names):
         channel = CHANNELS[name]
-        values = pd.to_numeric(tokens[channel.column], errors="coerce").to_numpy(dtype=float)
+        values = pd.to_numeric(frame[channel.column], errors="coerce").to_numpy(dtype=float)
         low, high = channel_range(pd.Series(values), channel)
         grid.add(i, {
-            "type": "heatmap", "z": [values], "x": list(range(len(values))), "y": [channel.label],
+            "type": "heatmap", "z": [values], "x": x, "y": [channel.label],
             "zmin": low, "zmax": high, "colorscale": _scale(channel.colorscale), "showscale": False,
-            "customdata": [labels],
-            "hovertemplate": "token %{customdata}<br>" + channel.label + " %{z:.4g}<extra></extra>",
+            **({"customdata": [labels]} if labels is not None else {}),
+            "hovertemplate": f"{hover}<br>{channel.label} %{{z:.4g}}<extra></extra>",
         })
         grid.axis(i, "y").update(showticklabels=True, side="right", tickfont={"size": 11})
         if i < n - 1:
             grid.axis(i, "x").update(showticklabels=False)
-    # Ticks on whole positions only, each centred on its cell (a cell spans position ± 0.5): left to plotly, a short
-    # rollout gets ticks at 0, 0.5, 1, 1.5 with cells between them.
-    grid.axis(n - 1, "x").update(title={"text": "token position"}, tickmode="linear", tick0=0,
-                                 dtick=position_tick_step(len(tokens)))
+    grid.axis(n - 1, "x").update(title={"text": "token position"})
     return grid.figure(height=70 + 30 * n, margin={"l": 10, "r": 150, "t": 10, "b": 40})
+
+
+def _window_outline(window: tuple[int, int]) -> dict:
+    """A frame around the positions `window` = (first, last) over a whole figure's height."""
+    return {"type": "rect", "xref": "x", "yref": "paper", "x0": window[0] - 0.5, "x1": window[1] + 0.5, "y0": 0,
+            "y1": 1, "line": {"color": "#111", "width": 2}, "fillcolor": "rgba(0,0,0,0)"}
+
+
+# The strip's marks under the channel's colours: each kind of event on its own line, coloured as everywhere.
+STRIP_MARKS = [(f"clip_{CLIP_NAMES[code]}", f"clip {CLIP_NAMES[code]}", CLIP_COLOURS[code]) for code in CLIP_EVENTS]
+STRIP_MARKS.append(("rejected_tokens", "rejected", "#111"))
+
+
+def token_overview_strip(bins: pd.DataFrame, channel_name: str, window: tuple[int, int], window_size: int
+                         ) -> go.Figure:
+    """A whole completion in one strip: a cell per bin of `dashboard.data.rollout_token_bins` coloured by the bin's
+    mean of the channel, under it a mark on the line of each event (clip low/high/dual, rejected) the bin holds,
+    the window shown in the text outlined. Heatmaps (drawn as images): the same strip as 1,000 bars and markers
+    took six times as long to draw in a browser. Over the cells, an invisible point at the middle of each window
+    of `window_size` tokens takes the clicks (Streamlit reports a click on a point, not on a heatmap cell)."""
+    channel = CHANNELS[channel_name]
+    values = pd.to_numeric(bins.get(channel.column, pd.Series(np.nan, index=bins.index)), errors="coerce")
+    low, high = channel_range(values, channel)
+    first, last = bins["first_pos"].to_numpy(dtype=float), bins["last_pos"].to_numpy(dtype=float)
+    centres = (first + last) / 2
+    grid = Subplots(2, 1, vspace=0.04, shared_x=True)
+    grid.add(0, {"type": "heatmap", "x": centres, "y": [html.escape(channel.label)],
+                 "z": [values.to_numpy(dtype=float)], "zmin": low, "zmax": high, "showscale": False,
+                 "colorscale": _scale(channel.colorscale), "hoverinfo": "skip"})
+    starts = np.arange(first.min() - first.min() % window_size, last.max() + 1, window_size)
+    ends = np.minimum(starts + window_size - 1, last.max())
+    grid.add(0, {"type": "scatter", "mode": "markers", "x": (starts + ends) / 2,
+                 "y": [html.escape(channel.label)] * len(starts),
+                 "customdata": np.stack([starts, ends], axis=-1), "marker": {"size": 24, "opacity": 0},
+                 "hovertemplate": "tokens %{customdata[0]}–%{customdata[1]}<extra>click: show them</extra>"})
+    # The marks as one heatmap (drawn as an image): thousands of SVG markers took seconds to draw in a browser.
+    # Row i holds i + 1 where the bin has that event, NaN (not drawn) elsewhere; each row gets its own colour.
+    counts = np.stack([bins[name].to_numpy(dtype=float) if name in bins.columns else np.zeros(len(bins))
+                       for name, _, _ in STRIP_MARKS])  # (events, bins)
+    rows = np.arange(1, len(STRIP_MARKS) + 1, dtype=float)[:, None]
+    colours = [colour for _, _, colour in STRIP_MARKS]
+    grid.add(1, {"type": "heatmap", "x": centres, "y": [label for _, label, _ in STRIP_MARKS],
+                 "z": np.where(counts > 0, rows, np.nan), "customdata": counts, "zmin": 0.5,
+                 "zmax": len(STRIP_MARKS) + 0.5, "showscale": False, "xgap": 0, "ygap": 2,
+                 "colorscale": [[f / len(colours), colour] for i, colour in enumerate(colours) for f in (i, i + 1)],
+                 "hovertemplate": "around token %{x:.0f}: %{customdata} %{y}<extra></extra>"})
+    grid.axis(0, "y").update(showticklabels=False, fixedrange=True)
+    grid.axis(1, "y").update(autorange="reversed", tickfont={"size": 10}, fixedrange=True, side="right")
+    grid.axis(0, "x").update(showticklabels=False, range=[first.min() - 0.5, last.max() + 0.5])
+    grid.axis(1, "x").update(title={"text": "token position"})
+    grid.layout["yaxis"]["domain"], grid.layout["yaxis2"]["domain"] = [0.62, 1.0], [0.0, 0.58]
+    return grid.figure(height=170, margin={"l": 10, "r": 80, "t": 5, "b": 35}, showlegend=False,
+                       shapes=[_window_outline(window)], clickmode="event+select", dragmode=False)
 
 
 def position_tick_step(positions: int, max_ticks: int = 40) -> int:

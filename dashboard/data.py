@@ -174,8 +174,10 @@ ROLLOUT_COLUMNS = """rollout_id, group_id, index_in_group, kind, prompt_id, prom
     reward_components"""
 
 # The columns of a token with the values of one optimisation pass (`t`: tokens, `p`: token_passes).
+# mismatch: the trainer's log-prob minus the sampler's (engine.corrections' log_ratio), NULL without a sampler.
 TOKEN_PASS_COLUMNS = """t.rollout_id, t.position, t.token_id, t.token_text, t.old_logp, t.ref_logp, t.entropy,
-    t.advantage, t.prm_step, p."pass", p.new_logp, p.ratio, p.clip, p.grad_weight, p.token_loss, p.kl"""
+    t.advantage, t.prm_step, t.sampler_logp, t.old_logp - t.sampler_logp AS mismatch, p."pass", p.new_logp, p.ratio,
+    p.clip, p.grad_weight, p.token_loss, p.kl, p.is_weight, p.rejected"""
 
 
 def step_rollouts(reader, run: str, step: int, kind: str | None = None) -> pd.DataFrame:
@@ -296,18 +298,59 @@ def tokens_at_update(reader, run: str, step: int, rollout_ids: tuple[int, ...], 
     )
 
 
-def rollout_tokens(reader, run: str, step: int, rollout_ids: tuple[int, ...], pass_: int | None) -> pd.DataFrame:
-    """Tokens of some rollouts with the values of one optimisation pass (NULL where the pass logged nothing)."""
-    return reader.sql(
-        f"""
-        SELECT {TOKEN_PASS_COLUMNS}
+def _tokens_of_pass(columns: str) -> str:
+    """SELECT `columns` from the tokens of some rollouts (parameters from `rollouts_of_step`, plus $pass and the
+    position range $first_pos..$last_pos, NULL for every position) joined with one pass's rows."""
+    return f"""
+        SELECT {columns}
         FROM tokens t
         LEFT JOIN (SELECT * FROM token_passes WHERE "pass" = $pass AND {of_rollouts(listed=False)}) p
                ON p.rollout_id = t.rollout_id AND p.position = t.position
-        WHERE {of_rollouts("t")}
-        ORDER BY t.rollout_id, t.position
+        WHERE {of_rollouts("t")} AND t.position BETWEEN coalesce($first_pos, 0) AND coalesce($last_pos, 2147483647)
+        """
+
+
+def rollout_tokens(reader, run: str, step: int, rollout_ids: tuple[int, ...], pass_: int | None,
+                   positions: tuple[int, int] | None = None) -> pd.DataFrame:
+    """Tokens of some rollouts with the values of one optimisation pass (NULL where the pass logged nothing);
+    `positions` = (first, last): only the tokens at those positions (a window of a long completion)."""
+    first, last = positions or (None, None)
+    return reader.sql(
+        _tokens_of_pass(TOKEN_PASS_COLUMNS) + " ORDER BY t.rollout_id, t.position",
+        rollouts_of_step(run, step, rollout_ids, first_pos=first, last_pos=last, **{"pass": pass_}),
+    )
+
+
+# The per-token channels of the Token inspector (dashboard.tokens.CHANNELS) as SQL over the tokens (t) and one
+# pass (p); a bin holds their means. rejected: the share of the bin's tokens the corrections took out of the loss.
+BINNED_CHANNELS = {
+    "advantage": "t.advantage", "ratio": "p.ratio", "new_logp": "p.new_logp", "old_logp": "t.old_logp",
+    "ref_logp": "t.ref_logp", "entropy": "t.entropy", "kl": "p.kl", "grad_weight": "p.grad_weight",
+    "token_loss": "p.token_loss", "sampler_logp": "t.sampler_logp", "mismatch": "t.old_logp - t.sampler_logp",
+    "is_weight": "p.is_weight", "rejected": "(p.rejected <> 0)::DOUBLE",
+}
+
+
+def rollout_token_bins(reader, run: str, step: int, rollout_id: int, pass_: int | None, bins: int) -> pd.DataFrame:
+    """One rollout's tokens in at most `bins` bins of consecutive positions (width ceil((last position + 1) / bins),
+    1 for a completion of at most `bins` tokens), so a figure of a 16k-token completion gets no more points than
+    it has pixels; DuckDB bins them, the page receives only the bins.
+
+    One row per non-empty bin: `bin`, `first_pos`, `last_pos`, `tokens`, the mean of every channel of
+    `BINNED_CHANNELS` (NULL where no token of the bin has it), and the bin's clip events of this pass
+    (`clip_low`, `clip_high`, `clip_dual`: token counts) and rejected tokens (`rejected_tokens`)."""
+    means = ", ".join(f"avg({name}) AS {name}" for name in BINNED_CHANNELS)
+    clips = ", ".join(f"count(*) FILTER (WHERE clip = {code}) AS clip_{CLIP_NAMES[code]}" for code in CLIP_EVENTS)
+    values = ", ".join(f"{sql} AS {name}" for name, sql in BINNED_CHANNELS.items())
+    return reader.sql(
+        f"""
+        WITH rows AS ({_tokens_of_pass(f"t.position, p.clip, p.rejected AS rejected_code, {values}")}),
+             width AS (SELECT greatest(1, ceil((max(position) + 1) / $bins))::BIGINT AS w FROM rows)
+        SELECT position // w AS bin, min(position) AS first_pos, max(position) AS last_pos, count(*) AS tokens,
+               {means}, {clips}, count(*) FILTER (WHERE rejected_code <> 0) AS rejected_tokens
+        FROM rows, width GROUP BY bin ORDER BY bin
         """,
-        rollouts_of_step(run, step, rollout_ids, **{"pass": pass_}),
+        rollouts_of_step(run, step, (rollout_id,), first_pos=None, last_pos=None, bins=bins, **{"pass": pass_}),
     )
 
 

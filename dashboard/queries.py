@@ -102,8 +102,15 @@ def tokens_at_update(logs_dir: str, run: str, step: int, rollout_ids: tuple[int,
 
 
 @st.cache_data(ttl=STEP_TTL, show_spinner=False)
-def rollout_tokens(logs_dir: str, run: str, step: int, rollout_ids: tuple[int, ...], pass_: int | None) -> pd.DataFrame:
-    return data.rollout_tokens(get_reader(logs_dir), run, step, rollout_ids, pass_)
+def rollout_tokens(logs_dir: str, run: str, step: int, rollout_ids: tuple[int, ...], pass_: int | None,
+                   positions: tuple[int, int] | None = None) -> pd.DataFrame:
+    return data.rollout_tokens(get_reader(logs_dir), run, step, rollout_ids, pass_, positions)
+
+
+@st.cache_data(ttl=STEP_TTL, show_spinner=False)
+def rollout_token_bins(logs_dir: str, run: str, step: int, rollout_id: int, pass_: int | None, bins: int
+                       ) -> pd.DataFrame:
+    return data.rollout_token_bins(get_reader(logs_dir), run, step, rollout_id, pass_, bins)
 
 
 @st.cache_data(ttl=STEP_TTL, show_spinner=False)

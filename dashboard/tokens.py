@@ -19,6 +19,7 @@ import pandas as pd
 from plotly.colors import sample_colorscale
 
 from engine.clip_codes import CLIP_CAP, CLIP_COV, CLIP_HIGH, CLIP_LOW, CLIP_NAMES
+from engine.correction_settings import REJECT_NAMES
 
 
 @dataclass(frozen=True)
@@ -29,6 +30,7 @@ class Channel:
     label: str
     center: float | None  # diverging scale centred here; None: sequential scale from min to max
     colorscale: str
+    fixed_range: tuple[float, float] | None = None  # the scale's ends whatever the values (a share, a yes/no)
 
 
 # Diverging scales are centred where the quantity is neutral: an advantage, KL, gradient weight or token loss of 0
@@ -47,7 +49,15 @@ CHANNELS: dict[str, Channel] = {
     "kl": Channel("kl", "KL to reference (k3)", 0.0, "RdBu_r"),
     "grad_weight": Channel("grad_weight", "gradient weight", 0.0, "RdBu"),
     "token_loss": Channel("token_loss", "token loss", 0.0, "RdBu_r"),
+    # The sampler/trainer mismatch (runs with a sampler's log-probs) and its corrections (runs with one on).
+    "sampler_logp": Channel("sampler_logp", "sampler log-prob", None, "Viridis"),
+    "mismatch": Channel("mismatch", "mismatch (old - sampler log-prob)", 0.0, "PiYG"),
+    "is_weight": Channel("is_weight", "IS weight", 1.0, "PuOr_r"),
+    # A rejection code (engine.correction_settings) per token, its share over a bin: any code is "rejected".
+    "rejected": Channel("rejected", "rejected (left the loss)", None, "Reds", fixed_range=(0.0, 1.0)),
 }
+# Channels that only runs with a sampler's log-probs, or with a mismatch correction on, have: hidden when absent.
+MISMATCH_CHANNELS = ("sampler_logp", "mismatch", "is_weight", "rejected")
 
 # Low and high clipping must be told apart at a glance and without relying on colour alone: low is a thick line
 # under the token, high a thick line over it, the dual/soft cap a dashed outline.
@@ -57,6 +67,8 @@ CLIP_STYLES = {
     CLIP_CAP: "outline:2px dashed #9467bd;outline-offset:-1px;",
     CLIP_COV: "outline:2px dotted #ff7f0e;outline-offset:-1px;",
 }
+# A token the mismatch corrections took out of the loss is struck through (it is still shown: it stays logged).
+REJECTED_STYLE = "text-decoration:line-through;text-decoration-thickness:2px;"
 
 
 def visible_text(text: str) -> str:
@@ -72,6 +84,8 @@ def visible_text(text: str) -> str:
 
 def channel_range(values: pd.Series, channel: Channel) -> tuple[float, float]:
     """(low, high) of the colour scale; diverging scales are symmetric around their centre."""
+    if channel.fixed_range is not None:
+        return channel.fixed_range
     finite = pd.to_numeric(values, errors="coerce").dropna()
     finite = finite[finite.map(math.isfinite)]
     if finite.empty:
@@ -149,7 +163,8 @@ def token_heatmap_html(tokens: pd.DataFrame, channel_name: str, hover_columns: l
     optionally `clip` (the engine.clip_codes clip code). Hovering a token shows every column in `hover_columns`.
     """
     channel = CHANNELS[channel_name]
-    hover_columns = hover_columns or [c.column for c in CHANNELS.values() if c.column in tokens.columns]
+    hover_columns = hover_columns or [c.column for c in CHANNELS.values()  # the rejection by name, below
+                                      if c.column in tokens.columns and c.column != "rejected"]
     values = tokens[channel.column] if channel.column in tokens.columns else pd.Series(dtype=float)
     low, high = channel_range(values, channel)
     spans = []
@@ -158,6 +173,8 @@ def token_heatmap_html(tokens: pd.DataFrame, channel_name: str, hover_columns: l
         background, text_colour = _colour(record.get(channel.column), low, high, channel.colorscale)
         clip = record.get("clip")
         clip = 0 if is_missing(clip) else int(clip)
+        rejected = record.get("rejected")
+        rejected = 0 if is_missing(rejected) else int(rejected)
         text = _text(record.get("token_text"))
         position = record.get("position")
         position = "" if is_missing(position) else int(position)
@@ -165,10 +182,13 @@ def token_heatmap_html(tokens: pd.DataFrame, channel_name: str, hover_columns: l
         hover += [f"{name}: {_format(record.get(name))}" for name in hover_columns]
         if "clip" in record:
             hover.append(f"clip: {CLIP_NAMES.get(clip, clip)}")
+        if rejected:
+            hover.append(f"rejected: {REJECT_NAMES.get(rejected, rejected)}")
         spans.append(
-            f'<span class="pl-token" data-position="{position}" data-clip="{clip}"'
+            f'<span class="pl-token" data-position="{position}" data-clip="{clip}" data-rejected="{rejected}"'
             f' title="{html.escape(chr(10).join(hover), quote=True)}"'
             f' style="background:{background};color:{text_colour};{CLIP_STYLES.get(clip, "")}'
+            f'{REJECTED_STYLE if rejected else ""}'
             f'padding:1px 2px;margin:1px 1px;border-radius:2px;">{visible_text(text)}</span>'
         )
     legend = colour_legend_html(channel, low, high)
@@ -192,6 +212,7 @@ def colour_legend_html(channel: Channel, low: float, high: float) -> str:
         f'<span style="{CLIP_STYLES[CLIP_LOW]}padding:0 4px;">clip low</span>'
         f'<span style="{CLIP_STYLES[CLIP_HIGH]}padding:0 4px;">clip high</span>'
         f'<span style="{CLIP_STYLES[CLIP_CAP]}padding:0 4px;">dual clip / cap</span>'
+        f'<span style="{REJECTED_STYLE}padding:0 4px;">rejected</span>'
         "<span>· space ↵ newline → tab</span>"
         "</div>"
     )

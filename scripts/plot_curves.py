@@ -57,16 +57,16 @@ def curves_figure(steps, title: str, sampled: bool = False):
     return figure
 
 
-def export_png(figure, path: Path) -> None:
-    """Write the figure as a PNG with kaleido, offline: no MathJax (fetched from a CDN otherwise), plotly.js from
-    the installed plotly package."""
+def export_png(figure, path: Path, width: int = WIDTH, height: int = HEIGHT) -> None:
+    """Write the figure as a PNG (width x height pixels) with kaleido, offline: no MathJax (fetched from a CDN
+    otherwise), plotly.js from the installed plotly package."""
     try:
         import kaleido
         from choreographer.errors import ChromeNotFoundError
     except ImportError:
         raise SystemExit("exporting a PNG needs kaleido: pip install -e '.[dev]'") from None
     try:
-        png = kaleido.calc_fig_sync(figure, opts={"format": "png", "width": WIDTH, "height": HEIGHT},
+        png = kaleido.calc_fig_sync(figure, opts={"format": "png", "width": width, "height": height},
                                     kopts={"mathjax": False})
     except ChromeNotFoundError:
         raise SystemExit("kaleido found no Chrome or Chromium: install one (apt-get install chromium) or set "

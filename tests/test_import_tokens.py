@@ -4,7 +4,6 @@ every value the generator wrote."""
 
 from __future__ import annotations
 
-import json
 import math
 
 import pytest
@@ -22,7 +21,7 @@ from engine.importers import import_run
 from engine.runlog import RunLogError, RunReader
 
 WRITERS = {"prime-rl": write_prime_rl, "nemo-rl": write_nemo_rl, "slime": write_slime}
-# the framework fields each dump holds besides the contract columns (kept in tokens.extra)
+# the framework fields each dump holds besides the contract columns (kept, typed, in tokens.dump)
 EXTRA = {"prime-rl": ("is_masked",), "nemo-rl": (), "slime": ("kl",)}
 COLUMNS = {"prime-rl": ("sampler_logp", "old_logp", "entropy", "advantage"),
            "nemo-rl": ("sampler_logp", "old_logp", "advantage"),
@@ -79,12 +78,12 @@ def test_every_token_column_holds_what_the_dump_wrote(source, samples, tokenizer
                 for column in {"sampler_logp", "old_logp", "entropy", "ref_logp", "value", "return"} - set(
                         COLUMNS[source]):
                     assert g[column] is None or math.isnan(g[column]), column
-                extra = json.loads(g["extra"])
-                assert extra["loss_mask"] == w["loss_mask"]
+                dump = g["dump"]
+                assert dump["loss_mask"] == w["loss_mask"]
                 for name in EXTRA[source]:
-                    assert extra[name] == pytest.approx(w[name]), name
+                    assert dump[name] == pytest.approx(w[name]), name
+                assert g["extra"] is None  # every field of these formats has its typed place in `dump`
                 if source == "prime-rl":  # not stored: derived from the two log-probs as prime-rl derives it
-                    assert "importance_ratio" not in extra
                     assert math.exp(g["old_logp"] - g["sampler_logp"]) == pytest.approx(w["importance_ratio"])
 
 
@@ -120,10 +119,10 @@ def test_multi_turn_tool_tokens_stay_in_the_completion_with_their_mask(samples, 
     with RunReader(tmp_path / "logs") as reader:
         rid = reader.sql("SELECT rollout_id FROM rollouts WHERE run = 'run' AND step = 2 AND prompt LIKE "
                          "'%calculator%'").iloc[0, 0]
-        masks = reader.sql("SELECT extra->>'loss_mask' AS m FROM tokens WHERE run = 'run' AND step = 2 AND "
+        masks = reader.sql("SELECT dump.loss_mask AS m FROM tokens WHERE run = 'run' AND step = 2 AND "
                            "rollout_id = ? ORDER BY position", [int(rid)])["m"].tolist()
-    assert masks == [str(m).lower() for m in tool.loss_mask[tool.prompt_len:]]
-    assert "false" in masks and masks[0] == "true"
+    assert masks == tool.loss_mask[tool.prompt_len:]
+    assert False in masks and masks[0] is True
 
 
 @pytest.mark.parametrize("source", list(WRITERS))
@@ -200,3 +199,65 @@ def test_prime_rl_first_format_one_file_per_rank_for_every_step(samples, tmp_pat
     with RunReader(tmp_path / "logs") as reader:
         got = reader.sql("SELECT step, count(*) FROM tokens WHERE run = 'run' GROUP BY step ORDER BY step").values
     assert got.tolist() == [[step, len(expected(samples, step))] for step in (1, 2)]
+
+
+def test_fields_outside_the_typed_dump_struct_are_kept_as_one_json_object_per_token():
+    import pyarrow as pa
+
+    from engine.importers.token_dumps import dump_struct, json_objects
+
+    fields = {"loss_mask": pa.array([True, None, False]), "is_masked": pa.array([False, True, None]),
+              "kl": pa.array([1, 2, 3]),  # integers: cast to the member's type (DOUBLE)
+              "new_weight": pa.array([0.25, float("nan"), None]), "new_flag": pa.array([True, False, None]),
+              "losses": pa.array(['{"rl": {"advantage": 1.5}}', None, "{}"])}
+    struct, others = dump_struct(fields)
+    rows = struct.to_pylist()
+    assert [r["loss_mask"] for r in rows] == [True, None, False]
+    assert [r["is_masked"] for r in rows] == [False, True, None]
+    assert [r["kl"] for r in rows] == [1.0, 2.0, 3.0]
+    assert [r["losses"] for r in rows] == ['{"rl": {"advantage": 1.5}}', None, "{}"]
+    assert [r["rl_weights"] for r in rows] == [None] * 3  # a member the dump lacks
+    texts = json_objects(others).to_pylist()
+    assert texts == ['{"new_weight":0.25,"new_flag":true}', '{"new_weight":null,"new_flag":false}',  # NaN: null
+                     '{"new_weight":null,"new_flag":null}']
+
+
+def test_flattened_tokens_split_at_the_first_trained_token_and_keep_missing_lists_null():
+    import pyarrow as pa
+
+    from engine.importers.token_dumps import FlatTokens
+
+    samples = pa.table({
+        "token_ids": pa.array([[10, 11, 12, 13], [20, 21], [30, 31, 32]]),
+        "loss_mask": pa.array([[False, False, True, False], [False, False], [True, None, True]]),
+        "entropy": pa.array([[0.1, 0.2, 0.3, 0.4], None, [0.5, None, 0.7]]),  # sample 1 has none
+    })
+    flat = FlatTokens(samples)
+    assert flat.prompt_len.tolist() == [2, 2, 0]  # sample 1 has no trained token: all prompt
+    assert flat.parent.tolist() == [0, 0, 0, 0, 1, 1, 2, 2, 2]
+    assert flat.position.tolist() == [-2, -1, 0, 1, -2, -1, 0, 1, 2]
+    assert flat.completion.to_pylist() == [False, False, True, True, False, False, True, True, True]
+    assert flat.values(samples["entropy"]).to_pylist() == [0.1, 0.2, 0.3, 0.4, None, None, 0.5, None, 0.7]
+    prompts, completions = flat.joined_texts(pa.array(["a", "b", "c", "d", "e", "f", "g", "h", "i"]))
+    assert prompts.to_pylist() == ["ab", "ef", None] and completions.to_pylist() == ["cd", None, "ghi"]
+
+
+def test_dump_fields_read_through_policylens_sql_and_a_run_imported_before_them_reads_null(samples, tmp_path,
+                                                                                           capsys):
+    from synthetic_runs import write_run_before_columns
+
+    import_run("prime-rl", write_prime_rl(tmp_path / "p", samples), tmp_path / "logs", "run")
+    capsys.readouterr()
+    query = "SELECT count(*) FILTER (WHERE dump.loss_mask) AS trained, count(*) AS n FROM tokens"
+    assert main(["sql", "run", query, "--logs-dir", str(tmp_path / "logs")]) == 0
+    stored = [w for step in (1, 2) for w in expected(samples, step)]
+    trained = sum(w["loss_mask"] for w in stored)
+    lines = capsys.readouterr().out.splitlines()
+    row = lines[next(i for i, line in enumerate(lines) if line.startswith("---")) + 1]
+    assert row.split() == [str(trained), str(len(stored))]
+    assert 0 < trained < len(stored)  # the tool output tokens are completion tokens, not trained on
+    write_run_before_columns(tmp_path / "logs", "old", "tokens", {"rollout_id": [0, 0], "position": [0, 1],
+                                                                  "extra": ['{"loss_mask":true}'] * 2}, ["dump"])
+    with RunReader(tmp_path / "logs", runs="old") as reader:
+        got = reader.sql("SELECT dump, extra->>'loss_mask' AS m FROM tokens ORDER BY position")
+    assert got["dump"].isna().all() and got["m"].tolist() == ["true", "true"]

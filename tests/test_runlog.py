@@ -672,3 +672,16 @@ def test_a_crashed_run_is_not_merged_on_close(tmp_path):
     w = write_run(tmp_path, "t", 3, close=None, compact_every=4)
     w.close("crashed")
     assert len(list(data_dir_of(tmp_path / "t").glob("step-*"))) == 3
+
+
+def test_the_row_builder_sorts_rows_out_of_key_order_and_leaves_ordered_ones_as_they_are():
+    from engine.runlog import table_rows
+
+    def logps(rollout_id: list[int], position: list[int]) -> list[float]:
+        columns = {"rollout_id": rollout_id, "position": position, "old_logp": [-1.0, -2.0, -3.0]}
+        return table_rows("tokens", columns, "r", 0).column("old_logp").to_pylist()
+
+    assert logps([1, 0, 0], [0, 1, 0]) == [-3.0, -2.0, -1.0]  # out of order on the first key
+    assert logps([0, 0, 1], [1, 0, 0]) == [-2.0, -1.0, -3.0]  # only on the second, within equal first keys
+    # in order (the second key lower across a change of the first, and a tie): as given
+    assert logps([0, 1, 1], [9, 0, 0]) == [-1.0, -2.0, -3.0]

@@ -7,8 +7,12 @@ import functools
 import streamlit as st
 
 from dashboard import charts, common, data, queries, report
-from dashboard.tokens import CHANNELS, token_heatmap_html
+from dashboard.tokens import CHANNELS, MISMATCH_CHANNELS, token_heatmap_html
 from engine.clip_codes import CLIP_EVENTS, CLIP_NAMES
+
+OVERVIEW_BINS = 1000  # columns of the strip and the heatmap: about a pixel each on a laptop's wide page
+WINDOW_SIZES = [256, 512, 1024, 2048]
+DEFAULT_WINDOW = 512  # a completion up to this long is shown whole, as one block
 
 selection = common.require_selection()
 logs, run, step = selection.logs_dir, selection.run, selection.step
@@ -43,13 +47,6 @@ if problem:
 st.session_state["rollout"] = rollout_id
 rollout_id = left.selectbox("Rollout", rollout_ids, key="rollout", format_func=describe)
 
-# A critic run's loss used its GAE advantages whitened: "advantage" is that one, the logged one is beside it.
-whitening = common.load("the whitening", queries.step_whitening, logs, run, step)
-channel_names = [name for name in CHANNELS if whitening is not None or name != "gae_advantage"]
-channel, _ = common.initial_value("channel", "channel", str, channel_names, "advantage")
-st.session_state["channel"] = channel
-channel = middle.selectbox("Colour by", channel_names, key="channel", format_func=lambda c: CHANNELS[c].label)
-
 passes = common.load("the optimisation passes", queries.rollout_passes, logs, run, step, rollout_id)
 pass_ = None
 if passes:
@@ -59,6 +56,22 @@ if passes:
                             help="new log-prob, ratio, clip, gradient weight, token loss and KL as used by this pass")
 else:
     right.caption("No optimisation pass used this rollout (eval rollouts are never trained on).")
+
+# A critic run's loss used its GAE advantages whitened: "advantage" is that one, the logged one is beside it.
+whitening = common.load("the whitening", queries.step_whitening, logs, run, step)
+# The whole completion at screen resolution (DuckDB bins it): the overview strip, the heatmap, and which channels
+# this rollout has at all.
+bins = data.as_loss_used(common.load("the token bins", queries.rollout_token_bins, logs, run, step, rollout_id,
+                                     pass_, OVERVIEW_BINS), whitening)
+absent = [name for name in MISMATCH_CHANNELS if bins.empty or bins[CHANNELS[name].column].isna().all()]
+channel_names = [name for name in CHANNELS
+                 if (whitening is not None or name != "gae_advantage") and name not in absent]
+channel, _ = common.initial_value("channel", "channel", str, channel_names, "advantage")
+st.session_state["channel"] = channel
+channel = middle.selectbox("Colour by", channel_names, key="channel", format_func=lambda c: CHANNELS[c].label)
+if absent:
+    middle.caption(", ".join(CHANNELS[name].label for name in absent) + ": not logged for this rollout (they need "
+                   "a sampler's log-probs, and IS weights or rejections a mismatch correction).")
 for key, value in (("rollout", rollout_id), ("channel", channel), ("pass", pass_)):
     common.set_url_value(key, value)
 
@@ -71,8 +84,6 @@ st.download_button("Download a report of this step", build, file_name=f"{run}-st
                    "Same as `policylens report RUN --step N --rollout ID`.")
 
 rollout = by_id.loc[rollout_id]
-tokens = data.as_loss_used(common.load("the tokens", queries.rollout_tokens, logs, run, step, (rollout_id,), pass_),
-                           whitening)
 
 st.markdown("**Prompt**")
 st.text(common.plain(rollout.prompt))
@@ -91,14 +102,44 @@ st.caption(f"Reference answer: {common.md(rollout.answer)}")
 if not common.is_missing(rollout.reward_components):  # one value per reward function (TRL, verl, imported runs)
     st.caption(common.md(common.reward_breakdown(rollout)))
 
-if tokens.empty:
+if bins.empty:
     st.info("No tokens logged for this rollout. (A run imported from TRL or verl dumps has tokens only when "
             "imported with --tokenizer, and never log-probs: those dumps hold text and rewards only.)")
     st.stop()
 if common.plain(rollout.kind) == "eval":
     st.caption("Eval rollouts are not trained on: only sampling-time channels (log-probs, entropy) exist.")
-elif CHANNELS[channel].column in tokens.columns and tokens[CHANNELS[channel].column].isna().all():
+elif CHANNELS[channel].column in bins.columns and bins[CHANNELS[channel].column].isna().all():
     st.caption(f"{CHANNELS[channel].label} was not logged for this rollout.")
+
+# A long completion is read by windows of its text: thousands of spans in one block take seconds to draw.
+first_pos, last_pos = int(bins["first_pos"].min()), int(bins["last_pos"].max())
+if int(bins["tokens"].sum()) > DEFAULT_WINDOW:
+    size = st.session_state.get("window_size", DEFAULT_WINDOW)
+    starts = list(range(first_pos - first_pos % size, last_pos + 1, size))
+    start, _ = common.initial_value("window", "window", lambda raw: int(raw) // size * size, starts, starts[0])
+    st.session_state["window"] = start
+
+    def jump_to_clicked_bin() -> None:
+        clicked = st.session_state["token_strip"].selection.points
+        if clicked:
+            st.session_state["window"] = min(starts[-1], int(clicked[0]["x"]) // size * size)
+
+    choose, how_many = st.columns([5, 1])
+    if len(starts) > 1:
+        start = choose.select_slider("Tokens shown", starts, key="window",
+                                     format_func=lambda s: f"{s}–{min(s + size - 1, last_pos)}",
+                                     help="The text is shown a window at a time; click the strip below to jump.")
+    how_many.selectbox("Window", WINDOW_SIZES, index=WINDOW_SIZES.index(size), key="window_size",
+                       format_func=lambda n: f"{n} tokens")
+    window = (max(start, first_pos), min(start + size - 1, last_pos))
+    st.plotly_chart(charts.token_overview_strip(bins, channel, window, size), key="token_strip",
+                    on_select=jump_to_clicked_bin, selection_mode="points", config={"displayModeBar": False})
+    common.set_url_value("window", start)
+else:
+    window = (first_pos, last_pos)
+    common.set_url_value("window", None)
+tokens = data.as_loss_used(common.load("the tokens", queries.rollout_tokens, logs, run, step, (rollout_id,), pass_,
+                                       window), whitening)
 
 st.html(token_heatmap_html(tokens, channel))
 if whitening is not None and channel in ("advantage", "gae_advantage"):
@@ -106,11 +147,18 @@ if whitening is not None and channel in ("advantage", "gae_advantage"):
     st.caption(f"This run has a critic. advantage: the logged GAE advantage whitened with this step's mean {mean:.4g} "
                f"and std {std:.4g}, as the PPO loss used it (its clip decisions follow this one); GAE advantage "
                "before whitening: as logged.")
-if "clip" in tokens.columns and tokens["clip"].notna().any():
-    counts = tokens["clip"].fillna(0).astype(int).value_counts()
-    st.caption("Clip events in this pass: " + ", ".join(f"{CLIP_NAMES[c]} {counts.get(c, 0)}" for c in CLIP_EVENTS))
+clip_counts = {code: int(bins[f"clip_{CLIP_NAMES[code]}"].sum()) for code in CLIP_EVENTS}
+if bins["ratio"].notna().any():  # a pass was logged for this rollout
+    st.caption("Clip events in this pass: " + ", ".join(f"{CLIP_NAMES[c]} {n}" for c, n in clip_counts.items())
+               + (f" · rejected tokens {int(bins['rejected_tokens'].sum())}" if "rejected" not in absent else ""))
 
 st.subheader("Token × channel")
-st.plotly_chart(charts.token_channel_heatmap(tokens, channel_names), key="token_channel_heatmap")
-with st.expander("Values"):
+whole = window == (first_pos, last_pos)
+if whole:
+    st.plotly_chart(charts.token_channel_heatmap(tokens, channel_names), key="token_channel_heatmap")
+else:
+    st.caption(f"The whole completion, each column the mean of {int(bins['tokens'].max())} tokens or fewer; the "
+               "outlined part is the window above, its exact values in the table below and on each token.")
+    st.plotly_chart(charts.token_channel_bins(bins, channel_names, window), key="token_channel_heatmap")
+with st.expander("Values" if whole else f"Values of tokens {window[0]}–{window[1]}"):
     st.dataframe(tokens.drop(columns=["rollout_id"]), hide_index=True, key="token_values")

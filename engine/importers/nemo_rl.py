@@ -14,7 +14,7 @@ are logged since commit f11f99c7 (February 2026); older files hold no token ids 
 
 Columns: generation_logprobs -> tokens.sampler_logp, prev_logprobs -> tokens.old_logp, advantages ->
 tokens.advantage, rewards -> rollouts.reward, sample_loss_mask 0 -> rollouts.filtered; token_loss_mask ->
-tokens.extra.loss_mask. No group index: groups are rebuilt from identical prompt tokens (see token_dumps).
+tokens.dump.loss_mask. No group index: groups are rebuilt from identical prompt tokens (see token_dumps).
 """
 
 from __future__ import annotations

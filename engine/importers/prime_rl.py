@@ -16,7 +16,7 @@ Format, read from PrimeIntellect-ai/prime-rl `src/prime_rl/trainer/rl/token_expo
 
 Columns: inference_logprobs -> tokens.sampler_logp, trainer_logprobs -> tokens.old_logp, entropy, advantages ->
 tokens.advantage; the reward is the first non-null value of `rewards` where a version has it. Kept in
-`tokens.extra` under their names: loss_mask, is_masked, is_masked_high, is_masked_low (DPPO masks), rl_weights,
+`tokens.dump` under their names: loss_mask, is_masked, is_masked_high, is_masked_low (DPPO masks), rl_weights,
 ce_weights, ref_kl_weights (loss-component weights), losses. Not stored, because prime-rl computes them from the
 two stored log-probs (`src/prime_rl/trainer/rl/loss.py` `compute_importance_ratio_and_mismatch_kl` and
 token_export.py `_compute_export_tensors`, commit 289562d2), so a view derives them exactly:

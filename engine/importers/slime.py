@@ -25,8 +25,9 @@ a sample whose per-token lists do not match its response length is reported (fil
 
 Columns: rollout_log_probs -> tokens.sampler_logp, log_probs -> old_logp, ref_log_probs -> ref_logp, entropy,
 advantages, values -> value, returns -> return; `kl` (slime's per-token KL estimate) and `teacher_log_probs` go
-to tokens.extra. Reward: the rollout sample's raw reward (else `raw_reward`); slime's normalised `rewards` stay in
-rollouts.reward_components as "normalised_reward". Groups: the rollout sample's group_index.
+to tokens.dump (`dump.kl`, `dump.teacher_logp`). Reward: the rollout sample's raw reward (else `raw_reward`);
+slime's normalised `rewards` stay in rollouts.reward_components as "normalised_reward". Groups: the rollout
+sample's group_index.
 """
 
 from __future__ import annotations

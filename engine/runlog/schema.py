@@ -23,6 +23,7 @@ import json
 from collections.abc import Mapping
 from typing import Any
 
+import numpy as np
 import pyarrow as pa
 
 from engine.runlog.layout import RunLogError, json_default
@@ -30,6 +31,17 @@ from engine.runlog.layout import RunLogError, json_default
 _F = pa.float64()
 _I = pa.int64()
 _S = pa.string()
+
+DUMP_FIELDS = pa.struct(
+    [("loss_mask", pa.bool_()),  # whether the other trainer learned from the token (every per-token dump has it)
+     # prime-rl: the DPPO masks, the loss-component weights, and its per-token `losses` record (a JSON text)
+     ("is_masked", pa.bool_()), ("is_masked_high", pa.bool_()), ("is_masked_low", pa.bool_()),
+     ("rl_weights", _F), ("ce_weights", _F), ("ref_kl_weights", _F), ("losses", _S),
+     # slime: its per-token KL estimate and a teacher's log-prob
+     ("kl", _F), ("teacher_logp", _F)]
+)
+"""`tokens.dump`: the per-token fields of an imported trainer's dump outside the contract columns, each typed and
+under the dump's own name (SQL: `dump.loss_mask`, `dump.is_masked`); NULL for runs PolicyLens trained itself."""
 
 TABLE_SCHEMAS: dict[str, pa.Schema] = {
     "steps": pa.schema(
@@ -64,9 +76,13 @@ TABLE_SCHEMAS: dict[str, pa.Schema] = {
          # truncation renormalised); sampler_logp_full: the same token's log-prob before top-p / top-k truncation.
          # NULL when the producer had no sampler log-probs (and in runs logged before these columns).
          ("sampler_logp", _F), ("sampler_logp_full", _F),
-         # Per-token fields of an imported run outside this schema (another trainer's loss mask, IS ratio,
-         # loss-component weights...), one JSON object per token; SQL reads them with `extra->>'loss_mask'`.
-         ("extra", _S)]
+         # Per-token fields of an imported run outside this schema and outside `dump` (a field of a dump format
+         # added later), one JSON object per token; SQL reads them with `extra->>'name'`. Runs imported before
+         # `dump` existed hold all their fields here (`extra->>'loss_mask'`).
+         ("extra", _S),
+         # The imported trainer's own per-token fields, typed (see DUMP_FIELDS): a struct costs a few typed
+         # columns where a JSON text per token cost more than the rest of the token's row to build.
+         ("dump", DUMP_FIELDS)]
     ),
     "token_passes": pa.schema(
         [("run", _S), ("step", _I), ("pass", _I), ("rollout_id", _I), ("position", _I), ("new_logp", _F),
@@ -96,7 +112,7 @@ ADDED_COLUMNS: dict[str, tuple[str, ...]] = {
     "steps": ("value_loss", "value_clip_frac", "explained_variance", "critic_grad_norm", "critic_seconds",
               "critic_memory_mb", "advantage_mean", "advantage_std"),
     "rollouts": ("rank", "reward_components"),
-    "tokens": ("value", "return", "kl_reward", "sampler_logp", "sampler_logp_full", "extra"),
+    "tokens": ("value", "return", "kl_reward", "sampler_logp", "sampler_logp_full", "extra", "dump"),
     "token_passes": ("is_weight", "rejected"),
 }
 
@@ -120,6 +136,7 @@ _DUCKDB_TYPES = {
     pa.string(): "VARCHAR", pa.int64(): "BIGINT", pa.float64(): "DOUBLE", pa.bool_(): "BOOLEAN",
     pa.int8(): "TINYINT", pa.list_(pa.float64()): "DOUBLE[]", pa.timestamp("us"): "TIMESTAMP",
 }
+_DUCKDB_TYPES[DUMP_FIELDS] = "STRUCT(" + ", ".join(f'"{f.name}" {_DUCKDB_TYPES[f.type]}' for f in DUMP_FIELDS) + ")"
 
 
 def columns_ddl(schema: pa.Schema) -> str:
@@ -180,9 +197,9 @@ def table_rows(table: str, data: Any, run: str, step: int) -> pa.Table | None:
     columns = []
     for field in schema:
         if field.name == "run":
-            columns.append(pa.array([run] * n, _S))
+            columns.append(pa.repeat(pa.scalar(run, _S), n))
         elif field.name == "step":
-            columns.append(pa.array([step] * n, _I))
+            columns.append(pa.repeat(pa.scalar(step, _I), n))
         elif field.name in arrow.column_names:
             col = arrow.column(field.name)
             try:
@@ -191,7 +208,24 @@ def table_rows(table: str, data: Any, run: str, step: int) -> pa.Table | None:
                 raise RunLogError(f"{table}.{field.name}: cannot store {col.type} as {field.type}: {err}") from err
         else:
             columns.append(pa.nulls(n, field.type))
-    return pa.Table.from_arrays(columns, schema=schema).sort_by([(k, "ascending") for k in SORT_KEYS[table]])
+    rows = pa.Table.from_arrays(columns, schema=schema)
+    return rows if _sorted_by(rows, SORT_KEYS[table]) else rows.sort_by([(k, "ascending") for k in SORT_KEYS[table]])
+
+
+def _sorted_by(rows: pa.Table, keys: list[str]) -> bool:
+    """Whether the rows are already in ascending order of the (integer, non-null) `keys`: checking costs a few
+    vectorised comparisons, sorting a million token rows ~0.3 s, and producers mostly hand rows in order (the
+    sort is stable, so skipping it for ordered rows changes nothing)."""
+    if rows.num_rows < 2 or any(rows[k].null_count for k in keys):
+        return rows.num_rows < 2
+    undecided = np.ones(rows.num_rows - 1, dtype=bool)  # pairs (i, i + 1) equal on the keys compared so far
+    for key in keys:
+        values = np.asarray(rows[key].combine_chunks() if rows[key].num_chunks != 1 else rows[key].chunk(0))
+        later, earlier = values[1:], values[:-1]
+        if (undecided & (later < earlier)).any():
+            return False
+        undecided &= later == earlier
+    return True
 
 
 def _column_values(values: Any) -> Any:
