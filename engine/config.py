@@ -135,7 +135,7 @@ class TrainConfig:
     top_k: int = 0
     """Top-k truncation of the sampling distribution (0 = off). The sampler reports the log-prob of the truncated,
     renormalised distribution as `sampler_logp`, as vLLM does, so top-k / top-p open a gap to the trainer's
-    old_logp (README, "Sampler and trainer mismatch")."""
+    old_logp (docs/mismatch.md)."""
     sampler_dtype: str = "float32"
     """Precision of the sampler, the policy copy that generates rollouts (engine.sampler). `bfloat16` reproduces a
     bf16 rollout engine next to an fp32 trainer (the mismatch of TRL issues 3867 and 6789, verl 2953); `float32`:
@@ -245,8 +245,9 @@ class TrainConfig:
     """Mini-batches per epoch (one optimizer step each)."""
     lr: float = 5e-5
     """AdamW learning rate, constant (the papers use 1e-6 on 7B+ models). Measured on `linear` with the default warm
-    start and batch: GRPO and DAPO gain about 20 points of held-out greedy accuracy within 10 CPU minutes (README).
-    On an earlier warm start, 1e-4 and above at batch 64 lowered greedy accuracy by 5-10 points within 10-30 steps."""
+    start and batch: GRPO and DAPO gain about 20 points of held-out greedy accuracy within 10 CPU minutes
+    (docs/benchmarks.md). On an earlier warm start, 1e-4 and above at batch 64 lowered greedy accuracy by 5-10
+    points within 10-30 steps."""
     weight_decay: float = 0.0
     """AdamW weight decay (verl and TRL default to 0 or 0.01 for RL; 0 keeps pi close to the warm start)."""
     adam_beta1: float = 0.9
@@ -266,8 +267,8 @@ class TrainConfig:
     """Temperature of the sampled held-out accuracy. None: the training temperature."""
     checkpoint_every: int = 1
     """Save model, optimizer and RNG state into the run folder every N steps (and when stopping), so that a killed
-    run resumes after its last logged step (a few percent of a step's time for the built-in model; see README).
-    0: only when stopping or finishing (a killed run then resumes from the warm start)."""
+    run resumes after its last logged step (a few percent of a step's time for the built-in model; see
+    docs/benchmarks.md). 0: only when stopping or finishing (a killed run then resumes from the warm start)."""
     # ------------------------------------------------------------------ sampler/trainer mismatch corrections
     # (engine.corrections; validated by engine.correction_settings.CorrectionConfig; all off by default)
     rollout_is: str | None = None
@@ -385,6 +386,20 @@ class TrainConfig:
                 f"overlong_cache_len (L_cache = {self.overlong_cache_len}) must be in [1, overlong_max_len = "
                 f"{self.overlong_max_len}]: the soft punishment ramps over the last L_cache tokens before L_max"
             )
+        self._validate_update(bad)
+        for name in ("eval_every", "checkpoint_every"):
+            if getattr(self, name) < 0:
+                bad(f"{name} must be >= 0 (0 disables it), got {getattr(self, name)}")
+        self._validate_critic(bad)
+        if self.eval_size < 1:
+            bad(f"eval_size must be >= 1, got {self.eval_size}")
+        if self.model_size not in ("default", "tiny"):
+            bad(f"model_size must be 'default' or 'tiny', got {self.model_size!r}")
+        if self.sft_steps is not None and self.sft_steps < 0:
+            bad(f"sft_steps must be >= 0, got {self.sft_steps}")
+
+    def _validate_update(self, bad) -> None:
+        """The generation rounds, the passes over the batch and the optimiser."""
         if self.max_gen_batches < 1:
             bad(f"max_gen_batches must be >= 1, got {self.max_gen_batches}")
         assert self.epochs is not None and self.minibatches is not None
@@ -401,16 +416,6 @@ class TrainConfig:
                 bad(f"{name} must be in [0, 1), got {getattr(self, name)}")
         if self.max_grad_norm < 0:
             bad(f"max_grad_norm must be >= 0 (0 disables clipping), got {self.max_grad_norm}")
-        for name in ("eval_every", "checkpoint_every"):
-            if getattr(self, name) < 0:
-                bad(f"{name} must be >= 0 (0 disables it), got {getattr(self, name)}")
-        self._validate_critic(bad)
-        if self.eval_size < 1:
-            bad(f"eval_size must be >= 1, got {self.eval_size}")
-        if self.model_size not in ("default", "tiny"):
-            bad(f"model_size must be 'default' or 'tiny', got {self.model_size!r}")
-        if self.sft_steps is not None and self.sft_steps < 0:
-            bad(f"sft_steps must be >= 0, got {self.sft_steps}")
 
     def _validate_sampler(self, bad) -> None:
         from engine.correction_settings import CorrectionConfig, CorrectionError

@@ -50,7 +50,7 @@ DEMO_RUNS = (
 )
 DEMO_TASK = "linear"
 DEMO_SEED = 0
-# Chosen so that the six runs finish in under 20 minutes on 2 CPU cores (measured: see README).
+# Chosen so that the six runs finish in under 20 minutes on 2 CPU cores (measured: see docs/benchmarks.md).
 DEMO_STEPS = 40
 DEMO_EVAL_EVERY = 5
 WARM_START_PROGRESS = "warmstart.json"

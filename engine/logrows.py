@@ -229,7 +229,7 @@ class StepTotals:
         return StepTotals(dict(zip(self.sums, sums, strict=True)), dict(zip(self.maxima, maxima, strict=True)))
 
 
-def step_totals(batch: Batch, records: list[PassRecord], cfg) -> StepTotals:
+def step_totals(batch: Batch, records: list[PassRecord], group_size: int) -> StepTotals:
     """This process's sums and counts for `step_metrics` (per pass: its loss share, KL and loss tokens)."""
     tm = batch.token_mask.cpu()  # (B, T)
     lm = batch.loss_mask.cpu()  # (B, T)
@@ -246,7 +246,7 @@ def step_totals(batch: Batch, records: list[PassRecord], cfg) -> StepTotals:
         "entropy": float((batch.entropy.cpu() * tm).sum()),
         "completion_tokens": float(tm.sum()),
         "loss_tokens": float(sum(float(lm[r.idx].sum()) for r in records)),  # every pass's own loss tokens
-        "groups_filtered": float(len(batch.dropped) // cfg.group_size),
+        "groups_filtered": float(len(batch.dropped) // group_size),
         **{f"clip_{c}": sum(counts[c] for counts in events) for c in CLIP_EVENTS + RULE_EVENTS},
     }
     for p, rec in enumerate(records):
@@ -265,7 +265,7 @@ def step_metrics(batch: Batch, records: list[PassRecord], ev: EvalResult | None,
     passes; KL is the mean per-token k3 KL to pi_ref over the loss tokens of each pass, averaged over passes; loss
     is the mean over passes. `totals`: the step's sums over every rank (StepTotals.reduced; default: this process's
     own, `step_totals`). `critic_stats` (engine.critic.CriticStats) adds the critic's columns."""
-    t = totals if totals is not None else step_totals(batch, records, cfg)
+    t = totals if totals is not None else step_totals(batch, records, cfg.group_size)
     s, n = t.sums, t.sums["rollouts"]
     # the clips for every algorithm; a covariance rule's selections (clip_cov_frac, in `extra`) for Clip-/KL-Cov
     counted = CLIP_EVENTS + (RULE_EVENTS if objective(cfg.algo).covariance else ())

@@ -373,6 +373,46 @@ def collect_batch(policy, ref, tokenizer, task: Task, sampler: PromptSampler, cf
     tt = tt or TokenText(tokenizer)
     world = world or World()
     G, n_groups = cfg.group_size, cfg.prompts_per_step // world.size  # this rank's groups
+    kept, kept_rows, dropped, gen_batches = _sample_kept_groups(sampler_model or policy, tokenizer, tt, task, sampler,
+                                                                cfg, world)
+
+    # Renumber kept groups 0..n_groups-1 so that group g holds rows g*G..g*G+G-1 of the batch tensors.
+    rollouts = [r for group in kept for r in group]
+    for i, group in enumerate(kept):
+        for r in group:
+            r.group_id = i
+    for j, r in enumerate(dropped):
+        r.group_id = n_groups + j // G
+    input_ids, P = _pad_cat([x[0] for x in kept_rows], [x[2] for x in kept_rows], tokenizer.pad_token_id)
+    attention_mask, _ = _pad_cat([x[1] for x in kept_rows], [x[2] for x in kept_rows], 0)
+    T = input_ids.shape[1] - P
+    token_mask = attention_mask[:, P:].float()  # (B, T)
+    advantages = _advantages(rollouts, G, T, cfg.supervision, cfg.scale_adv_by_std) * token_mask  # (B, T)
+
+    loss_mask = token_mask.clone()  # (B, T)
+    if cfg.overlong_filter:
+        for b, r in enumerate(rollouts):
+            if r.truncated:
+                loss_mask[b] = 0.0
+                r.filtered, r.filter_reason = True, "overlong"
+
+    old_logp, entropy, sampler_logp, sampler_logp_full, ref_logp = _batch_logprobs(
+        policy, ref, sampler_model, input_ids, attention_mask, P, cfg.temperature, cfg.top_k, cfg.top_p)
+    token_mask_d = token_mask.to(input_ids.device)
+    return Batch(
+        rollouts=rollouts, dropped=dropped, gen_batches=gen_batches, input_ids=input_ids,
+        attention_mask=attention_mask, prompt_len=P, token_mask=token_mask_d,
+        loss_mask=loss_mask.to(input_ids.device), old_logp=old_logp * token_mask_d, ref_logp=ref_logp,
+        entropy=entropy * token_mask_d, advantages=advantages.to(input_ids.device),
+        sampler_logp=sampler_logp * token_mask_d, sampler_logp_full=sampler_logp_full * token_mask_d,
+    )
+
+
+def _sample_kept_groups(model, tokenizer, tt: TokenText, task: Task, sampler: PromptSampler, cfg, world: World):
+    """Generation rounds until every rank together kept the global number of groups (one round without dynamic
+    sampling). Returns the kept groups (at most this rank's share), per kept group its (input_ids, attention_mask,
+    P), the dropped rollouts (marked filtered, with their reason) and the number of rounds."""
+    G, n_groups = cfg.group_size, cfg.prompts_per_step // world.size  # this rank's groups
     kept: list[list[Rollout]] = []  # groups
     kept_rows: list[tuple[torch.Tensor, torch.Tensor, int]] = []  # per group: input_ids, attention_mask, P
     dropped: list[Rollout] = []
@@ -395,8 +435,8 @@ def collect_batch(policy, ref, tokenizer, task: Task, sampler: PromptSampler, cf
         problems = sampler.draw(n_groups if gen_batches == 0 else min(n_groups, 2 * missing)) if missing else []
         gen_batches += 1
         if problems:
-            rollouts, input_ids, attention_mask, P = sample_groups(sampler_model or policy, tokenizer, tt, task,
-                                                                   problems, cfg, group_counter)
+            rollouts, input_ids, attention_mask, P = sample_groups(model, tokenizer, tt, task, problems, cfg,
+                                                                   group_counter)
             group_counter += len(problems)
         for g in range(len(problems)):
             group = rollouts[g * G : (g + 1) * G]
@@ -412,72 +452,52 @@ def collect_batch(policy, ref, tokenizer, task: Task, sampler: PromptSampler, cf
         if not cfg.dynamic_sampling:
             break
         kept_everywhere = int(world.all_reduce([len(kept)])[0])
+    return kept, kept_rows, dropped, gen_batches
 
-    # Renumber kept groups 0..n_groups-1 so that group g holds rows g*G..g*G+G-1 of the batch tensors.
-    rollouts = [r for group in kept for r in group]
-    for i, group in enumerate(kept):
-        for r in group:
-            r.group_id = i
-    for j, r in enumerate(dropped):
-        r.group_id = n_groups + j // G
-    input_ids, P = _pad_cat([x[0] for x in kept_rows], [x[2] for x in kept_rows], tokenizer.pad_token_id)
-    attention_mask, _ = _pad_cat([x[1] for x in kept_rows], [x[2] for x in kept_rows], 0)
-    B, T = len(rollouts), input_ids.shape[1] - P
-    token_mask = attention_mask[:, P:].float()  # (B, T)
 
-    # ---- advantages
-    advantages = torch.zeros(B, T)  # (B, T)
-    if cfg.supervision == "process":
-        for g in range(n_groups):
-            group = rollouts[g * G : (g + 1) * G]
-            step_rewards = [[s.score for s in r.steps] for r in group]
-            adv = process_advantages(step_rewards, [r.step_last_token for r in group], [r.length for r in group])
-            adv = torch.as_tensor(adv, dtype=torch.float32)  # (G, maxlen)
-            width = min(adv.shape[1], T)
-            advantages[g * G : (g + 1) * G, :width] = adv[:, :width]
-            for i, (r, normalized) in enumerate(zip(group, normalized_step_rewards(step_rewards), strict=True)):
-                r.step_reward_norm = normalized
-                r.advantage = float(adv[i, 0]) if r.length and adv.shape[1] else 0.0
-    else:
+def _advantages(rollouts: list[Rollout], G: int, T: int, supervision: str, scale_by_std: bool) -> torch.Tensor:
+    """(B, T) advantages of the kept rollouts (groups of G consecutive rows), before masking; each rollout's
+    `advantage` (its first token's) and, under process supervision, `step_reward_norm` are set too."""
+    B = len(rollouts)
+    if supervision != "process":
         rewards = torch.tensor([r.reward for r in rollouts], dtype=torch.float32)  # (B,)
-        seq_adv = group_advantages(rewards, G, scale_by_std=cfg.scale_adv_by_std)  # (B,)
-        seq_adv = torch.as_tensor(seq_adv, dtype=torch.float32)
-        advantages = seq_adv[:, None].expand(B, T).clone()
+        seq_adv = torch.as_tensor(group_advantages(rewards, G, scale_by_std=scale_by_std), dtype=torch.float32)  # (B,)
         for r, a in zip(rollouts, seq_adv.tolist(), strict=True):
             r.advantage = a
-    advantages = advantages * token_mask  # (B, T)
+        return seq_adv[:, None].expand(B, T).clone()
+    advantages = torch.zeros(B, T)  # (B, T)
+    for g in range(B // G):
+        group = rollouts[g * G : (g + 1) * G]
+        step_rewards = [[s.score for s in r.steps] for r in group]
+        adv = process_advantages(step_rewards, [r.step_last_token for r in group], [r.length for r in group])
+        adv = torch.as_tensor(adv, dtype=torch.float32)  # (G, maxlen)
+        width = min(adv.shape[1], T)
+        advantages[g * G : (g + 1) * G, :width] = adv[:, :width]
+        for i, (r, normalized) in enumerate(zip(group, normalized_step_rewards(step_rewards), strict=True)):
+            r.step_reward_norm = normalized
+            r.advantage = float(adv[i, 0]) if r.length and adv.shape[1] else 0.0
+    return advantages
 
-    loss_mask = token_mask.clone()  # (B, T)
-    if cfg.overlong_filter:
-        for b, r in enumerate(rollouts):
-            if r.truncated:
-                loss_mask[b] = 0.0
-                r.filtered, r.filter_reason = True, "overlong"
 
-    # ---- old and reference log-probs (no grad, one forward each)
-    device = input_ids.device
+def _batch_logprobs(policy, ref, sampler_model, input_ids: torch.Tensor, attention_mask: torch.Tensor, P: int,
+                    temperature: float, top_k: int, top_p: float):
+    """Old (the policy's), sampler (after and before top-k / top-p truncation) and reference log-probs and the
+    policy's entropy of the completion tokens, each (B, T), without grad; one forward per model."""
     with torch.no_grad():
-        logits = completion_logits(policy, input_ids, attention_mask, P, cfg.temperature)  # (B, T, V)
-        old_logp, entropy = token_logprobs(policy, input_ids, attention_mask, P, cfg.temperature, logits)
+        logits = completion_logits(policy, input_ids, attention_mask, P, temperature)  # (B, T, V)
+        old_logp, entropy = token_logprobs(policy, input_ids, attention_mask, P, temperature, logits)
         separate = sampler_model is not None and sampler_model is not policy
         if separate:  # its own weights or precision: its own forward, as the rollout engine's
-            logits = completion_logits(sampler_model, input_ids, attention_mask, P, cfg.temperature)
-        if separate or cfg.top_k or cfg.top_p < 1.0:
-            sampler_logp, sampler_logp_full = truncated_logprobs(logits, input_ids[:, P:], cfg.top_k, cfg.top_p)
+            logits = completion_logits(sampler_model, input_ids, attention_mask, P, temperature)
+        if separate or top_k or top_p < 1.0:
+            sampler_logp, sampler_logp_full = truncated_logprobs(logits, input_ids[:, P:], top_k, top_p)
         else:  # the policy sampled from its full distribution: the sampler's log-probs are the old ones
             sampler_logp = sampler_logp_full = old_logp
         del logits
         ref_logp = None
         if ref is not None:
-            ref_logp, _ = token_logprobs(ref, input_ids, attention_mask, P, cfg.temperature)
-    token_mask_d = token_mask.to(device)
-    return Batch(
-        rollouts=rollouts, dropped=dropped, gen_batches=gen_batches, input_ids=input_ids,
-        attention_mask=attention_mask, prompt_len=P, token_mask=token_mask.to(device),
-        loss_mask=loss_mask.to(device), old_logp=old_logp * token_mask.to(device), ref_logp=ref_logp,
-        entropy=entropy * token_mask.to(device), advantages=advantages.to(device),
-        sampler_logp=sampler_logp * token_mask_d, sampler_logp_full=sampler_logp_full * token_mask_d,
-    )
+            ref_logp, _ = token_logprobs(ref, input_ids, attention_mask, P, temperature)
+    return old_logp, entropy, sampler_logp, sampler_logp_full, ref_logp
 
 
 # ----------------------------------------------------------------------------- held-out evaluation

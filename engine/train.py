@@ -407,7 +407,7 @@ def _train_step(loop: _Loop, step: int, stop: _StopFlag, deadline: float | None)
         ev, ref_rows = loop.evaluate(step), loop.reference_rows()
         loop.heldout = ev.accuracy_greedy
     # ---- log
-    totals = step_totals(batch, records, cfg).reduced(world)  # sums over every rank's share
+    totals = step_totals(batch, records, cfg.group_size).reduced(world)  # sums over every rank's share
     metrics = step_metrics(batch, records, ev, cfg, critic_stats, totals)
     if not world.distributed:  # the mismatch metrics are of the whole batch, not sums a rank can add up
         metrics.update(mismatch_metrics(batch, records))
