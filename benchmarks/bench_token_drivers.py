@@ -7,10 +7,11 @@
 The run is bench_dashboard.py's (written once into `--logs-dir`, reused). Measured:
 - bytes per `token_passes` row as logged, and what a stored covariance column would add: the covariance of every
   row computed once and written with the run log's own Parquet settings (zstd, BYTE_STREAM_SPLIT, its row groups);
-- query time, median of `--repeat`, of the Token statistics page's two queries over the whole run
-  (`data.covariance_drivers`, `data.covariance_per_step`), and of one aggregate over every loss token x pass row
-  with the covariance derived (window means per pass) against the same aggregate without the window (reading
-  the same columns): the difference is all that storing the column could save.
+- query time, median of `--repeat`, over the whole run: the Token statistics page's two queries
+  (`data.covariance_drivers`, `data.covariance_per_step`); the summed covariance per step, pass and token text
+  as they derive it (pass means, then one aggregation: `data._covariance_sums`), as a window over each pass and a
+  product per row would, and as reading a stored column would (emulated: the same aggregation of one product per
+  row, no means; the same columns read). The last is all that storing the column could save.
 The per-token KL contribution needs no column: `token_passes.kl` is logged, its share is a sum over it.
 """
 
@@ -29,6 +30,15 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
 
+def per_row_covariance() -> str:
+    """Every loss token x pass row with its covariance, the pass's means taken by a window."""
+    from dashboard import data
+
+    return f"""SELECT *, (advantage - avg(advantage) OVER pass_rows) * (new_logp - avg(new_logp) OVER pass_rows)
+                      AS covariance
+               FROM ({data._LOSS_TOKEN_PASSES}) WINDOW pass_rows AS (PARTITION BY step, "pass")"""
+
+
 def median_seconds(fn, repeat: int) -> float:
     times = []
     for _ in range(repeat):
@@ -43,10 +53,9 @@ def stored_column_bytes(reader, run: str, last: int) -> tuple[int, int]:
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    from dashboard import data
     from engine.runlog.files import column_options, row_group_rows
 
-    frame = reader.sql(f"SELECT covariance FROM ({data._COVARIANCE}) ORDER BY step, token_key, \"pass\"",
+    frame = reader.sql(f"SELECT covariance FROM ({per_row_covariance()}) ORDER BY step, rollout_id, \"pass\", position",
                        {"run": run, "first": 0, "last": last})
     table = pa.table({"covariance": frame["covariance"].to_numpy(dtype="float64")})
     with tempfile.TemporaryDirectory() as folder:
@@ -79,13 +88,16 @@ def main(argv: list[str] | None = None) -> int:
           f"(+{column_bytes / logged_bytes:.0%}) for its {rows:,} loss rows")
 
     params = {"run": run, "first": 0, "last": last}
-    windowed = f"SELECT sum(covariance) AS s, count(*) AS n FROM ({data._COVARIANCE})"
-    plain = f"SELECT sum(advantage * new_logp) AS s, count(*) AS n FROM ({data._LOSS_TOKEN_PASSES})"
+    by_text = 'GROUP BY step, "pass", token_text'
+    derived = f'SELECT step, "pass", token_text, covariance_sum FROM ({data._covariance_sums("token_text")})'
+    windowed = f'SELECT step, "pass", token_text, sum(covariance) FROM ({per_row_covariance()}) {by_text}'
+    stored = f'SELECT step, "pass", token_text, sum(advantage * new_logp) FROM ({data._LOSS_TOKEN_PASSES}) {by_text}'
     timings = {
-        "covariance_drivers (page table)": lambda: data.covariance_drivers(reader, run, 0, last, 0),
+        "covariance_drivers (page tables)": lambda: data.covariance_drivers(reader, run, 0, last, 0),
         "covariance_per_step (page chart)": lambda: data.covariance_per_step(reader, run, 0, last),
-        "aggregate, covariance derived": lambda: reader.sql(windowed, params),
-        "aggregate, same columns, no window": lambda: reader.sql(plain, params),
+        "covariance per step, pass, text: pass means, one aggregation": lambda: reader.sql(derived, params),
+        "the same by a window and a product per row": lambda: reader.sql(windowed, params),
+        "the same from a stored column (emulated)": lambda: reader.sql(stored, params),
     }
     for name, fn in timings.items():
         print(f"  {name}: {median_seconds(fn, args.repeat):.2f} s (median of {args.repeat})")

@@ -583,7 +583,7 @@ def entropy_bins(reader, runs: tuple[str, ...], first: int, last: int, bins: int
 # ---------------------------------------------------------------- covariance and KL drivers (arXiv 2505.22617)
 
 _LOSS_TOKEN_PASSES = f"""
-    SELECT t.run, t.step, p."pass", t.token_key, t.position, t.token_text, t.entropy, t.advantage, p.new_logp,
+    SELECT t.step, p."pass", t.rollout_id, t.position, t.token_text, t.entropy, t.advantage, p.new_logp,
            nullif(p.kl, 'NaN'::DOUBLE) AS kl
     FROM (
         SELECT t.*, {_TOKEN_KEY} AS token_key FROM tokens t SEMI JOIN (
@@ -599,15 +599,30 @@ _LOSS_TOKEN_PASSES = f"""
 dropped groups, overlong-filtered completions), tokens no mismatch correction rejected. A logged NaN KL (a run
 without a reference model) reads as NULL."""
 
-_COVARIANCE = f"""
-    SELECT *, (advantage - avg(advantage) OVER pass_tokens) * (new_logp - avg(new_logp) OVER pass_tokens)
-              AS covariance
-    FROM ({_LOSS_TOKEN_PASSES})
-    WINDOW pass_tokens AS (PARTITION BY step, "pass")"""
-"""Each loss token x pass with Cui et al.'s covariance term (A - mean A)(log pi - mean log pi), the means over the
-pass's loss tokens, log pi the pass's new log-prob: the quantity Clip-Cov and KL-Cov select by
-(`engine.objectives.token_covariance`, verl 0.9.1 `compute_policy_loss_clip_cov`). A pass spread over several
-processes is one batch here, where each process's loss took its own means."""
+
+def _covariance_sums(group: str) -> str:
+    """Per step, pass and `group` (more GROUP BY expressions over `_LOSS_TOKEN_PASSES`, named): rows n, the summed
+    covariance (A - mean A)(log pi - mean log pi) of Cui et al., the means over the pass's loss tokens and log pi
+    the pass's new log-prob (the quantity Clip-Cov and KL-Cov select by: `engine.objectives.token_covariance`, verl
+    0.9.1 `compute_policy_loss_clip_cov`), the summed KL (kl_sum over kl_rows rows with one) and entropy.
+
+    A group's summed covariance is sum(A log pi) - mean(log pi) sum(A) - mean(A) sum(log pi) + n mean(A) mean(log pi)
+    with the pass's means: one aggregation over the rows, where a window for the means and a product per row took
+    several times as long (benchmarks/bench_token_drivers.py). A pass spread over several processes is one batch
+    here, where each process's loss took its own means."""
+    return f"""
+        WITH sums AS (
+            SELECT step, "pass", {group}, count(*) AS n, sum(advantage) AS sum_a, sum(new_logp) AS sum_logp,
+                   sum(advantage * new_logp) AS sum_a_logp, sum(kl) AS kl_sum, count(kl) AS kl_rows,
+                   sum(entropy) AS entropy_sum
+            FROM ({_LOSS_TOKEN_PASSES}) GROUP BY ALL
+        ), means AS (
+            SELECT step, "pass", sum(sum_a) / sum(n) AS mean_a, sum(sum_logp) / sum(n) AS mean_logp
+            FROM sums GROUP BY step, "pass"
+        )
+        SELECT s.*, s.sum_a_logp - m.mean_logp * s.sum_a - m.mean_a * s.sum_logp + s.n * m.mean_a * m.mean_logp
+                    AS covariance_sum
+        FROM sums s JOIN means m USING (step, "pass")"""
 
 
 def covariance_drivers(reader, run: str, first: int, last: int, bucket: int, top: int = 20) -> pd.DataFrame:
@@ -620,10 +635,11 @@ def covariance_drivers(reader, run: str, first: int, last: int, bucket: int, top
     return reader.sql(
         f"""
         WITH per_step AS (
-            SELECT step, token_text, CASE WHEN $bucket > 0 THEN position // $bucket * $bucket END AS position_from,
-                   count(*) AS rows, sum(covariance) AS covariance_sum, sum(kl) AS kl_sum, count(kl) AS kl_rows,
-                   sum(entropy) AS entropy_sum
-            FROM ({_COVARIANCE}) GROUP BY ALL
+            SELECT step, token_text, position_from, sum(n) AS rows, sum(covariance_sum) AS covariance_sum,
+                   sum(kl_sum) AS kl_sum, sum(kl_rows) AS kl_rows, sum(entropy_sum) AS entropy_sum
+            FROM ({_covariance_sums("token_text, CASE WHEN $bucket > 0 THEN position // $bucket * $bucket END "
+                                    "AS position_from")})
+            GROUP BY ALL
         ), ranked AS (
             SELECT token_text, position_from,
                    rank() OVER (ORDER BY sum(covariance_sum) DESC NULLS LAST) <= $top AS top_covariance,
@@ -674,10 +690,14 @@ def covariance_per_step(reader, run: str, first: int, last: int) -> pd.DataFrame
     its change to the next step: Cui et al. find the entropy change tracks -covariance."""
     return reader.sql(
         f"""
-        WITH per_step AS (
-            SELECT step, sum(covariance) * count(DISTINCT token_key) / count(*) AS covariance_sum,
-                   avg(covariance) AS covariance_mean, count(*) AS rows
-            FROM ({_COVARIANCE}) GROUP BY step
+        WITH per_rollout AS (
+            SELECT step, rollout_id, sum(covariance_sum) AS covariance_sum, sum(n) AS rows,
+                   sum(n) / count(*) AS tokens  -- its loss tokens: its rows over the passes that used it
+            FROM ({_covariance_sums("rollout_id")}) GROUP BY step, rollout_id
+        ), per_step AS (
+            SELECT step, sum(covariance_sum) * sum(tokens) / sum(rows) AS covariance_sum,
+                   sum(covariance_sum) / sum(rows) AS covariance_mean, sum(rows) AS rows
+            FROM per_rollout GROUP BY step
         )
         SELECT c.step, c.covariance_sum, c.covariance_mean, c.rows, s.entropy,
                lead(s.entropy) OVER (ORDER BY c.step) - s.entropy AS entropy_change
