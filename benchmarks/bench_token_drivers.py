@@ -8,7 +8,8 @@ The run is bench_dashboard.py's (written once into `--logs-dir`, reused). Measur
 - bytes per `token_passes` row as logged, and what a stored covariance column would add: the covariance of every
   row computed once and written with the run log's own Parquet settings (zstd, BYTE_STREAM_SPLIT, its row groups);
 - query time, median of `--repeat`, over the whole run: the Token statistics page's two queries
-  (`data.covariance_drivers`, `data.covariance_per_step`); the summed covariance per step, pass and token text
+  (`data.covariance_drivers`, `data.covariance_per_step`), next to its existing per-token-text table
+  (`data.token_stats`) for scale; the summed covariance per step, pass and token text
   as they derive it (pass means, then one aggregation: `data._covariance_sums`), as a window over each pass and a
   product per row would, and as reading a stored column would (emulated: the same aggregation of one product per
   row, no means; the same columns read). The last is all that storing the column could save.
@@ -93,6 +94,7 @@ def main(argv: list[str] | None = None) -> int:
     windowed = f'SELECT step, "pass", token_text, sum(covariance) FROM ({per_row_covariance()}) {by_text}'
     stored = f'SELECT step, "pass", token_text, sum(advantage * new_logp) FROM ({data._LOSS_TOKEN_PASSES}) {by_text}'
     timings = {
+        "token_stats (the page's table per token text, for scale)": lambda: data.token_stats(reader, run, 0, last, 0),
         "covariance_drivers (page tables)": lambda: data.covariance_drivers(reader, run, 0, last, 0),
         "covariance_per_step (page chart)": lambda: data.covariance_per_step(reader, run, 0, last),
         "covariance per step, pass, text: pass means, one aggregation": lambda: reader.sql(derived, params),

@@ -635,8 +635,8 @@ def covariance_drivers(reader, run: str, first: int, last: int, bucket: int, top
     return reader.sql(
         f"""
         WITH per_step AS (
-            SELECT step, token_text, position_from, sum(n) AS rows, sum(covariance_sum) AS covariance_sum,
-                   sum(kl_sum) AS kl_sum, sum(kl_rows) AS kl_rows, sum(entropy_sum) AS entropy_sum
+            SELECT step, token_text, position_from, sum(n)::BIGINT AS rows, sum(covariance_sum) AS covariance_sum,
+                   sum(kl_sum) AS kl_sum, sum(kl_rows)::BIGINT AS kl_rows, sum(entropy_sum) AS entropy_sum
             FROM ({_covariance_sums("token_text, CASE WHEN $bucket > 0 THEN position // $bucket * $bucket END "
                                     "AS position_from")})
             GROUP BY ALL
@@ -670,7 +670,8 @@ def driver_table(per_step: pd.DataFrame, ranking: str) -> pd.DataFrame:
         return pd.DataFrame(columns=columns)
     by_step = picked.assign(entropy_of_step=picked["entropy_sum"] / picked["rows"]).sort_values(
         "step", kind="stable").groupby(["token_text", "position_from"], dropna=False, sort=False)
-    sums = by_step[["rows", "covariance_sum", "kl_sum", "kl_rows", "entropy_sum"]].sum(min_count=1)
+    sums = by_step[["rows", "covariance_sum", "kl_sum", "kl_rows", "entropy_sum"]].sum(min_count=1).astype(
+        {"rows": "int64"})
     ends = by_step.agg(first_step=("step", "first"), last_step=("step", "last"),
                        entropy_first=("entropy_of_step", "first"), entropy_last=("entropy_of_step", "last"))
     kl_total, kl_rows_total = picked["kl_total"].iloc[0], picked["kl_rows_total"].iloc[0]
@@ -696,7 +697,7 @@ def covariance_per_step(reader, run: str, first: int, last: int) -> pd.DataFrame
             FROM ({_covariance_sums("rollout_id")}) GROUP BY step, rollout_id
         ), per_step AS (
             SELECT step, sum(covariance_sum) * sum(tokens) / sum(rows) AS covariance_sum,
-                   sum(covariance_sum) / sum(rows) AS covariance_mean, sum(rows) AS rows
+                   sum(covariance_sum) / sum(rows) AS covariance_mean, sum(rows)::BIGINT AS rows
             FROM per_rollout GROUP BY step
         )
         SELECT c.step, c.covariance_sum, c.covariance_mean, c.rows, s.entropy,
