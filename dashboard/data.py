@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 
 import pandas as pd
 
-from engine.clip_codes import CLIP_EVENTS, CLIP_NAMES, CLIP_NONE, rate_column
+from engine.clip_codes import CLIP_COV, CLIP_EVENTS, CLIP_NAMES, CLIP_NONE, rate_column
 
 # DuckDB's memory for the dashboard's queries (they read one step or one run's metrics; the largest, a whole
 # step's token passes, needs well under this), so a dashboard left open stays within a small machine's means.
@@ -584,7 +584,7 @@ def entropy_bins(reader, runs: tuple[str, ...], first: int, last: int, bins: int
 
 _LOSS_TOKEN_PASSES = f"""
     SELECT t.step, p."pass", t.rollout_id, t.position, t.token_text, t.entropy, t.advantage, p.new_logp,
-           nullif(p.kl, 'NaN'::DOUBLE) AS kl
+           nullif(p.kl, 'NaN'::DOUBLE) AS kl, p.clip
     FROM (
         SELECT t.*, {_TOKEN_KEY} AS token_key FROM tokens t SEMI JOIN (
             SELECT run, step, rollout_id FROM rollouts
@@ -592,7 +592,7 @@ _LOSS_TOKEN_PASSES = f"""
         ) r ON r.run = t.run AND r.step = t.step AND r.rollout_id = t.rollout_id
         WHERE t.run = $run AND t.step BETWEEN $first AND $last
     ) t JOIN (
-        SELECT run, "pass", {_TOKEN_KEY} AS token_key, new_logp, kl FROM token_passes
+        SELECT run, "pass", {_TOKEN_KEY} AS token_key, new_logp, kl, clip FROM token_passes
         WHERE run = $run AND step BETWEEN $first AND $last AND coalesce(rejected, 0) = 0
     ) p USING (run, token_key)"""
 """The loss tokens of a run's optimisation passes in steps first..last: train rollouts not filtered out (DAPO's
@@ -604,7 +604,8 @@ def _covariance_sums(group: str) -> str:
     """Per step, pass and `group` (more GROUP BY expressions over `_LOSS_TOKEN_PASSES`, named): rows n, the summed
     covariance (A - mean A)(log pi - mean log pi) of Cui et al., the means over the pass's loss tokens and log pi
     the pass's new log-prob (the quantity Clip-Cov and KL-Cov select by: `engine.objectives.token_covariance`, verl
-    0.9.1 `compute_policy_loss_clip_cov`), the summed KL (kl_sum over kl_rows rows with one) and entropy.
+    0.9.1 `compute_policy_loss_clip_cov`), the summed KL (kl_sum over kl_rows rows with one) and entropy, and the
+    rows Clip-Cov or KL-Cov selected (cov_rows: clip code 4, `engine.clip_codes.CLIP_COV`).
 
     A group's summed covariance is sum(A log pi) - mean(log pi) sum(A) - mean(A) sum(log pi) + n mean(A) mean(log pi)
     with the pass's means: one aggregation over the rows, where a window for the means and a product per row took
@@ -614,7 +615,7 @@ def _covariance_sums(group: str) -> str:
         WITH sums AS (
             SELECT step, "pass", {group}, count(*) AS n, sum(advantage) AS sum_a, sum(new_logp) AS sum_logp,
                    sum(advantage * new_logp) AS sum_a_logp, sum(kl) AS kl_sum, count(kl) AS kl_rows,
-                   sum(entropy) AS entropy_sum
+                   sum(entropy) AS entropy_sum, count(*) FILTER (WHERE clip = {CLIP_COV}) AS cov_rows
             FROM ({_LOSS_TOKEN_PASSES}) GROUP BY ALL
         ), means AS (
             SELECT step, "pass", sum(sum_a) / sum(n) AS mean_a, sum(sum_logp) / sum(n) AS mean_logp
@@ -630,13 +631,15 @@ def covariance_drivers(reader, run: str, first: int, last: int, bucket: int, top
     `top` of steps first..last by summed covariance or by summed KL to the reference (token x pass rows).
 
     Columns: step, token_text, position_from, rows, covariance_sum, kl_sum, kl_rows (rows with a KL logged),
-    entropy_sum (entropy at sampling, summed over rows), top_covariance / top_kl (which ranking picked the text),
-    and the range's totals kl_total / kl_rows_total, for shares (`driver_table`)."""
+    entropy_sum (entropy at sampling, summed over rows), cov_rows (rows Clip-Cov / KL-Cov selected),
+    top_covariance / top_kl (which ranking picked the text), and the range's totals kl_total / kl_rows_total, for
+    shares (`driver_table`)."""
     return reader.sql(
         f"""
         WITH per_step AS (
             SELECT step, token_text, position_from, sum(n)::BIGINT AS rows, sum(covariance_sum) AS covariance_sum,
-                   sum(kl_sum) AS kl_sum, sum(kl_rows)::BIGINT AS kl_rows, sum(entropy_sum) AS entropy_sum
+                   sum(kl_sum) AS kl_sum, sum(kl_rows)::BIGINT AS kl_rows, sum(entropy_sum) AS entropy_sum,
+                   sum(cov_rows)::BIGINT AS cov_rows
             FROM ({_covariance_sums("token_text, CASE WHEN $bucket > 0 THEN position // $bucket * $bucket END "
                                     "AS position_from")})
             GROUP BY ALL
@@ -661,16 +664,17 @@ def covariance_drivers(reader, run: str, first: int, last: int, bucket: int, top
 def driver_table(per_step: pd.DataFrame, ranking: str) -> pd.DataFrame:
     """The rows of `covariance_drivers` picked by `ranking` ("covariance" or "kl") summed over their steps, one row
     per token text (and position bucket), best first: rows, covariance_sum / _mean, kl_share (of the range's summed
-    KL), kl_vs_mean (its mean KL over the mean KL of every loss token), entropy_mean and, for the entropy over
-    training, the text's mean entropy in the first and last step it was seen (entropy_first, entropy_last)."""
+    KL), kl_vs_mean (its mean KL over the mean KL of every loss token), cov_rate (the share of its rows Clip-Cov or
+    KL-Cov selected), entropy_mean and, for the entropy over training, the text's mean entropy in the first and
+    last step it was seen (entropy_first, entropy_last)."""
     columns = ["token_text", "position_from", "rows", "covariance_sum", "covariance_mean", "kl_share", "kl_vs_mean",
-               "entropy_mean", "entropy_first", "entropy_last", "first_step", "last_step"]
+               "cov_rate", "entropy_mean", "entropy_first", "entropy_last", "first_step", "last_step"]
     picked = per_step[per_step["top_covariance" if ranking == "covariance" else "top_kl"]]
     if picked.empty:
         return pd.DataFrame(columns=columns)
     by_step = picked.assign(entropy_of_step=picked["entropy_sum"] / picked["rows"]).sort_values(
         "step", kind="stable").groupby(["token_text", "position_from"], dropna=False, sort=False)
-    sums = by_step[["rows", "covariance_sum", "kl_sum", "kl_rows", "entropy_sum"]].sum(min_count=1).astype(
+    sums = by_step[["rows", "covariance_sum", "kl_sum", "kl_rows", "entropy_sum", "cov_rows"]].sum(min_count=1).astype(
         {"rows": "int64"})
     ends = by_step.agg(first_step=("step", "first"), last_step=("step", "last"),
                        entropy_first=("entropy_of_step", "first"), entropy_last=("entropy_of_step", "last"))
@@ -680,6 +684,7 @@ def driver_table(per_step: pd.DataFrame, ranking: str) -> pd.DataFrame:
     out["kl_share"] = out["kl_sum"] / kl_total if kl_total else float("nan")
     out["kl_vs_mean"] = (out["kl_sum"] / out["kl_rows"]) / (kl_total / kl_rows_total) if kl_total else float("nan")
     out["entropy_mean"] = out["entropy_sum"] / out["rows"]
+    out["cov_rate"] = out["cov_rows"] / out["rows"]
     order = "covariance_sum" if ranking == "covariance" else "kl_sum"
     return out.sort_values(order, ascending=False, kind="stable")[columns].reset_index(drop=True)
 

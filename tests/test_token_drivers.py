@@ -100,6 +100,7 @@ def test_hand_worked_covariance_kl_and_steps(logs):
     for text, value in HAND_KL_SHARE.items():
         assert table.loc[text, "kl_share"] == pytest.approx(value)
     assert table.loc["c", "kl_vs_mean"] == pytest.approx(HAND_KL_VS_MEAN["c"])
+    assert table["cov_rate"].to_dict() == {"a": 0.0, "d": 0.0, "c": 0.0, "b": 1 / 3}  # b: 1 of its 3 rows selected
     # a: step 0 rows at entropy .2 and .6, step 1 at .1 (two passes)
     assert (table.loc["a", "entropy_first"], table.loc["a", "entropy_last"]) == pytest.approx((0.4, 0.1))
     assert data.driver_table(per_step, "kl")["token_text"].tolist() == ["c", "a", "b"]  # d carries no KL
@@ -120,6 +121,7 @@ def test_token_statistics_page_shows_the_hand_worked_drivers(logs, monkeypatch):
         assert by_cov.loc[text, "covariance_sum"] == pytest.approx(value)
     for text in by_kl.index:
         assert by_kl.loc[text, "kl_share"] == pytest.approx(HAND_KL_SHARE[text])
+    assert by_cov.loc["b", "cov_rate"] == pytest.approx(1 / 3)
     heat = plotly_spec(at, "stats_covariance_steps")["data"][0]
     assert heat["y"] == ["a", "d", "c", "b"]
     per_text = np.nansum(array(heat["z"]).reshape(4, -1), axis=1)

@@ -111,7 +111,8 @@ def driver_section(ranking: str, per_step, title: str, value: str, value_title: 
     st.plotly_chart(entropy_charts.drivers_over_steps(per_step, table, value, value_title),
                     key=f"stats_{ranking}_steps")
     shown = table.assign(token_text=table["token_text"].map(charts.token_as_text))
-    st.dataframe(shown if bucket else shown.drop(columns=["position_from"]), hide_index=True,
+    unused = ([] if bucket else ["position_from"]) + ([] if (table["cov_rate"] > 0).any() else ["cov_rate"])
+    st.dataframe(shown.drop(columns=unused), hide_index=True,
                  key=f"stats_{ranking}_table", column_config={
                      "token_text": st.column_config.TextColumn("token"), "position_from": "from position",
                      "rows": st.column_config.NumberColumn("token × pass rows"),
@@ -119,6 +120,7 @@ def driver_section(ranking: str, per_step, title: str, value: str, value_title: 
                      "covariance_mean": st.column_config.NumberColumn("mean covariance", format="%.4f"),
                      "kl_share": st.column_config.NumberColumn("share of the KL", format="%.3f"),
                      "kl_vs_mean": st.column_config.NumberColumn("KL ÷ mean token's", format="%.2f"),
+                     "cov_rate": st.column_config.NumberColumn("selected by Clip-/KL-Cov", format="%.4f"),
                      "entropy_mean": st.column_config.NumberColumn("mean entropy", format="%.3f"),
                      "entropy_first": st.column_config.NumberColumn("entropy, first step", format="%.3f"),
                      "entropy_last": st.column_config.NumberColumn("entropy, last step", format="%.3f"),
