@@ -609,8 +609,9 @@ def _covariance_sums(group: str) -> str:
 
     A group's summed covariance is sum(A log pi) - mean(log pi) sum(A) - mean(A) sum(log pi) + n mean(A) mean(log pi)
     with the pass's means: one aggregation over the rows, where a window for the means and a product per row took
-    several times as long (benchmarks/bench_token_drivers.py). A pass spread over several processes is one batch
-    here, where each process's loss took its own means."""
+    1.8 times as long (benchmarks/bench_token_drivers.py). A critic run's loss saw its advantages whitened with the
+    step's (mean, std) (`as_loss_used`): its covariance is divided by that std. A pass spread over several
+    processes is one batch here, where each process's loss took its own means."""
     return f"""
         WITH sums AS (
             SELECT step, "pass", {group}, count(*) AS n, sum(advantage) AS sum_a, sum(new_logp) AS sum_logp,
@@ -621,9 +622,9 @@ def _covariance_sums(group: str) -> str:
             SELECT step, "pass", sum(sum_a) / sum(n) AS mean_a, sum(sum_logp) / sum(n) AS mean_logp
             FROM sums GROUP BY step, "pass"
         )
-        SELECT s.*, s.sum_a_logp - m.mean_logp * s.sum_a - m.mean_a * s.sum_logp + s.n * m.mean_a * m.mean_logp
-                    AS covariance_sum
-        FROM sums s JOIN means m USING (step, "pass")"""
+        SELECT s.*, (s.sum_a_logp - m.mean_logp * s.sum_a - m.mean_a * s.sum_logp + s.n * m.mean_a * m.mean_logp)
+                    / coalesce(w.advantage_std, 1.0) AS covariance_sum
+        FROM sums s JOIN means m USING (step, "pass") LEFT JOIN steps w ON w.run = $run AND w.step = s.step"""
 
 
 def covariance_drivers(reader, run: str, first: int, last: int, bucket: int, top: int = 20) -> pd.DataFrame:

@@ -187,7 +187,7 @@ def write_run_before_columns(logs_dir, name: str, table: str, rows: dict, droppe
     pq.write_table(pq.read_table(path).drop_columns(dropped), path)
 
 
-def write_covariance_run(logs_dir, name: str = "hand-cov") -> None:
+def write_covariance_run(logs_dir, name: str = "hand-cov", advantage_std: float | None = None) -> None:
     """A two-step run small enough to work Cui et al.'s covariance (A - mean A)(log pi - mean log pi) out by hand,
     means over each pass's loss tokens (tests/test_token_drivers.py holds the worked values).
 
@@ -195,7 +195,7 @@ def write_covariance_run(logs_dir, name: str = "hand-cov") -> None:
     tokens a c, and e, which a mismatch correction rejected: out of the means), an eval rollout (z, never trained).
     Step 1, two passes (two epochs) over rollout 0 (A = +2, tokens a c) and rollout 1 (A = 0, tokens b d), plus an
     overlong-filtered rollout 2 (A = 5, token c) whose logged passes are not in the loss; its second pass logged no
-    KL (NaN)."""
+    KL (NaN). `advantage_std`: logged as a critic run's step whitening (its loss saw A / std, as mean 0)."""
     from engine.runlog import RunWriter
 
     steps = {
@@ -229,5 +229,6 @@ def write_covariance_run(logs_dir, name: str = "hand-cov") -> None:
                  "rejected": int((p, rid, pos) in spec["rejected"])}
                 for p, by_rollout in enumerate(spec["passes"]) for rid, (logps, kls) in by_rollout.items()
                 for pos, (logp, kl) in enumerate(zip(logps, kls, strict=True))])
-            writer.log_step(step, metrics={"entropy": spec["step_entropy"]}, rollouts=rollouts, tokens=tokens,
-                            token_passes=passes)
+            whitening = {} if advantage_std is None else {"advantage_mean": 0.0, "advantage_std": advantage_std}
+            writer.log_step(step, metrics={"entropy": spec["step_entropy"], **whitening}, rollouts=rollouts,
+                            tokens=tokens, token_passes=passes)

@@ -16,6 +16,7 @@ from dashboard import data
 def logs(tmp_path_factory):
     folder = tmp_path_factory.mktemp("drivers")
     write_covariance_run(folder, "hand-cov")
+    write_covariance_run(folder, "hand-critic", advantage_std=2.0)
     write_synthetic_run(folder, "synthetic", steps=3, groups=3, group_size=4, length=10, passes=3, seed=5)
     return folder
 
@@ -131,3 +132,14 @@ def test_token_statistics_page_shows_the_hand_worked_drivers(logs, monkeypatch):
     np.testing.assert_allclose(array(chart[1]["y"]), [0.5, 0.4])
     np.testing.assert_allclose(array(chart[2]["x"]), [2.4])
     np.testing.assert_allclose(array(chart[2]["y"]), [-0.1])
+
+
+def test_a_critic_runs_covariance_is_that_of_its_whitened_advantages(logs):
+    """A critic run logs GAE advantages before whitening; its loss saw (A - mean) / std, whose covariance with
+    log pi is the logged one over std."""
+    reader = data.open_reader(str(logs))
+    table = data.driver_table(data.covariance_drivers(reader, "hand-critic", 0, 1, 0), "covariance")
+    for text, value in HAND_COVARIANCE.items():
+        assert table.set_index("token_text").loc[text, "covariance_sum"] == pytest.approx(value / 2)
+    steps = data.covariance_per_step(reader, "hand-critic", 0, 1)
+    np.testing.assert_allclose(steps["covariance_sum"], np.array(HAND_STEPS["covariance_sum"]) / 2)
