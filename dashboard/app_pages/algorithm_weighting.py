@@ -181,10 +181,10 @@ st.caption("Shaded: the objective's decision for a single token at that ratio an
 st.subheader("Gradient weight against the ratio")
 st.plotly_chart(charts.weight_curves(curves), key="weight_curves")
 st.caption("Each objective's gradient weight per unit advantage for a single token at that ratio (the sequence "
-           "ratio for sequence-level rules), A > 0 red, A < 0 blue; 1 (dotted) is the plain policy gradient: GPG "
-           "is flat at 1, PPO's clip drops to 0, DPPO truncates the ratio at its cap and masks outside its trust "
-           "region (at the p_old above), VESPO follows its gamma weight e^λ w^k e^(−λw) of the sequence ratio w. DRO "
-           "adds −dro_beta · log r / A, so its A < 0 curve rises with the ratio.")
+           "ratio for sequence-level rules), positive A red, negative A blue; 1 (dotted) is the plain policy "
+           "gradient: GPG is flat at 1, PPO's clip drops to 0, DPPO truncates the ratio at its cap and masks outside "
+           "its trust region (at the p_old above), VESPO follows its gamma weight e^λ w^k e^(−λw) of the sequence "
+           "ratio w. DRO adds −dro_beta · log r / A, so its curve for a negative A rises with the ratio.")
 with st.expander("Resolved hyper-parameters"):
     params = pd.DataFrame({a: {k: str(v) for k, v in w.params.items()} for a, w in results.items()})
     common.static_table(st, params.rename_axis("parameter").reset_index())
