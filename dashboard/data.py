@@ -609,7 +609,7 @@ def _covariance_sums(group: str) -> str:
 
     A group's summed covariance is sum(A log pi) - mean(log pi) sum(A) - mean(A) sum(log pi) + n mean(A) mean(log pi)
     with the pass's means: one aggregation over the rows, where a window for the means and a product per row took
-    1.8 times as long (benchmarks/bench_token_drivers.py). A critic run's loss saw its advantages whitened with the
+    1.7-1.8 times as long (benchmarks/bench_token_drivers.py). A critic run's loss saw its advantages whitened with the
     step's (mean, std) (`as_loss_used`): its covariance is divided by that std. A pass spread over several
     processes is one batch here, where each process's loss took its own means."""
     return f"""
