@@ -389,8 +389,8 @@ def weight_curves(curves: dict[str, dict]) -> go.Figure:
         for side, colour, label in (("positive", CLIP_COLOURS[CLIP_HIGH], "A > 0"),
                                     ("negative", CLIP_COLOURS[CLIP_LOW], "A < 0")):
             grid.add(i, {"type": "scatter", "x": ratio, "y": np.asarray(curve[side], dtype=float), "mode": "lines",
-                         "name": label, "legendgroup": side, "showlegend": i == 0, "line": {"color": colour},
-                         "hovertemplate": f"{_name(name)} {label}<br>ratio %{{x:.3f}}<br>weight / A %{{y:.3f}}"
+                         "name": _name(label), "legendgroup": side, "showlegend": i == 0, "line": {"color": colour},
+                         "hovertemplate": f"{_name(name)} {_name(label)}<br>ratio %{{x:.3f}}<br>weight / A %{{y:.3f}}"
                                           "<extra></extra>"})
         xref, yref = grid.ref(i)
         shapes.append({"type": "line", "xref": f"{xref} domain", "yref": yref, "x0": 0, "x1": 1, "y0": 1, "y1": 1,
