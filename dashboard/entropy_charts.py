@@ -54,7 +54,7 @@ def entropy_against_covariance(per_step: pd.DataFrame) -> go.Figure:
          if len(paired) >= 3 and paired["covariance_sum"].std() > 0 and paired["entropy_change"].std() > 0
          else float("nan"))
     right = "entropy change to the next step" + (f" (correlation {r:+.2f})" if np.isfinite(r) else "")
-    grid = Subplots(1, 2, ["entropy and summed covariance per step", right], hspace=0.12, vspace=0)
+    grid = Subplots(1, 2, ["entropy and summed covariance per step", right], hspace=0.2, vspace=0)
     steps = per_step["step"].to_numpy()
     grid.add(0, {"type": "bar", "x": steps, "y": per_step["covariance_sum"].to_numpy(dtype=float),
                  "name": "summed covariance", "marker": {"color": "#9ecae1"},
