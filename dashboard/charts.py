@@ -41,6 +41,7 @@ FRACTION_RANGE = [-0.04, 1.04]
 
 CLIP_COLOURS = {CLIP_NONE: "rgba(0,0,0,0)", CLIP_LOW: "#1f77b4", CLIP_HIGH: "#d62728", CLIP_CAP: "#9467bd",
                 CLIP_COV: "#ff7f0e"}
+UNREACHABLE_COLOUR = "#bdbdbd"  # a region picture's ratios no token can reach from its p_old (DPPO's)
 PALETTE = qualitative.Plotly + qualitative.D3
 
 
@@ -425,7 +426,8 @@ def clip_regions(regions: dict[str, dict], scatter: dict[str, pd.DataFrame]) -> 
         ratio, advantage = np.asarray(region["ratio"], dtype=float), np.asarray(region["advantage"], dtype=float)
         xref, yref = grid.ref(i)
         shapes += [{"type": "rect", "xref": xref, "yref": yref, "x0": x0, "x1": x1, "y0": y0, "y1": y1,
-                    "fillcolor": CLIP_COLOURS[code], "opacity": 0.55, "line": {"width": 0}, "layer": "below"}
+                    "fillcolor": CLIP_COLOURS.get(code, UNREACHABLE_COLOUR), "opacity": 0.55, "line": {"width": 0},
+                    "layer": "below"}
                    for x0, x1, y0, y1, code in code_rectangles(ratio, advantage, region["clip"]) if code != CLIP_NONE]
         x_range = [float(ratio[0]), float(ratio[-1])]
         y_range = [float(advantage[0]), float(advantage[-1])]
@@ -440,6 +442,34 @@ def clip_regions(regions: dict[str, dict], scatter: dict[str, pd.DataFrame]) -> 
         grid.axis(i, "y").update(range=y_range, **({"title": {"text": "advantage"}} if i % cols == 0 else {}))
     return grid.figure(height=height, margin={"l": 40, "r": 10, "t": 40, "b": 40}, showlegend=False, shapes=shapes,
                        plot_bgcolor="#f5f5f5")
+
+
+def weight_curves(curves: dict[str, dict]) -> go.Figure:
+    """Per algorithm, its gradient weight per unit advantage against the ratio at A > 0 and A < 0 (`curves[algo]`
+    = {"ratio": (R,), "positive": (R,), "negative": (R,)}, from `recompute.weight_curves`), with 1 (the plain
+    policy gradient) dotted."""
+    names = list(curves)
+    rows, cols = _grid(len(names), cols=3)
+    height = 260 * rows
+    grid = Subplots(rows, cols, names, hspace=0.05, vspace=110 / height)
+    shapes = []
+    for i, name in enumerate(names):
+        curve = curves[name]
+        ratio = np.asarray(curve["ratio"], dtype=float)
+        for side, colour, label in (("positive", CLIP_COLOURS[CLIP_HIGH], "A > 0"),
+                                    ("negative", CLIP_COLOURS[CLIP_LOW], "A < 0")):
+            grid.add(i, {"type": "scatter", "x": ratio, "y": np.asarray(curve[side], dtype=float), "mode": "lines",
+                         "name": _name(label), "legendgroup": side, "showlegend": i == 0, "line": {"color": colour},
+                         "hovertemplate": f"{_name(name)} {_name(label)}<br>ratio %{{x:.3f}}<br>weight / A %{{y:.3f}}"
+                                          "<extra></extra>"})
+        xref, yref = grid.ref(i)
+        shapes.append({"type": "line", "xref": f"{xref} domain", "yref": yref, "x0": 0, "x1": 1, "y0": 1, "y1": 1,
+                       "line": {"color": "#888", "dash": "dot", "width": 1}})
+        grid.axis(i, "x").update(title={"text": "ratio"}, range=[float(ratio[0]), float(ratio[-1])])
+        if i % cols == 0:
+            grid.axis(i, "y").update(title={"text": "weight ÷ A"})
+    return grid.figure(height=height, margin={"l": 50, "r": 10, "t": 40, "b": 40}, shapes=shapes,
+                       legend={"orientation": "h", "y": 1.0, "yanchor": "bottom", "x": 1, "xanchor": "right"})
 
 
 def code_rectangles(x: np.ndarray, y: np.ndarray, codes: np.ndarray) -> list[tuple[float, float, float, float, int]]:

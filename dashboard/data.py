@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 
 import pandas as pd
 
-from engine.clip_codes import CLIP_EVENTS, CLIP_NAMES, CLIP_NONE, rate_column
+from engine.clip_codes import CLIP_COV, CLIP_EVENTS, CLIP_NAMES, CLIP_NONE, rate_column
 
 # DuckDB's memory for the dashboard's queries (they read one step or one run's metrics; the largest, a whole
 # step's token passes, needs well under this), so a dashboard left open stays within a small machine's means.
@@ -620,4 +620,138 @@ def entropy_bins(reader, runs: tuple[str, ...], first: int, last: int, bins: int
         FROM per_bin pb JOIN runs x ON x.run = pb.run ORDER BY pb.run, pb.bin
         """,
         {"runs": list(runs), "first": first, "last": last, "bins": bins},
+    )
+
+
+# ---------------------------------------------------------------- covariance and KL drivers (arXiv 2505.22617)
+
+_LOSS_TOKEN_PASSES = f"""
+    SELECT t.step, p."pass", t.rollout_id, t.position, t.token_text, t.entropy, t.advantage, p.new_logp,
+           nullif(p.kl, 'NaN'::DOUBLE) AS kl, p.clip
+    FROM (
+        SELECT t.*, {_TOKEN_KEY} AS token_key FROM tokens t SEMI JOIN (
+            SELECT run, step, rollout_id FROM rollouts
+            WHERE run = $run AND step BETWEEN $first AND $last AND kind = 'train' AND NOT coalesce(filtered, false)
+        ) r ON r.run = t.run AND r.step = t.step AND r.rollout_id = t.rollout_id
+        WHERE t.run = $run AND t.step BETWEEN $first AND $last
+    ) t JOIN (
+        SELECT run, "pass", {_TOKEN_KEY} AS token_key, new_logp, kl, clip FROM token_passes
+        WHERE run = $run AND step BETWEEN $first AND $last AND coalesce(rejected, 0) = 0
+    ) p USING (run, token_key)"""
+"""The loss tokens of a run's optimisation passes in steps first..last: train rollouts not filtered out (DAPO's
+dropped groups, overlong-filtered completions), tokens no mismatch correction rejected. A logged NaN KL (a run
+without a reference model) reads as NULL."""
+
+
+def _covariance_sums(group: str) -> str:
+    """Per step, pass and `group` (more GROUP BY expressions over `_LOSS_TOKEN_PASSES`, named): rows n, the summed
+    covariance (A - mean A)(log pi - mean log pi) of Cui et al., the means over the pass's loss tokens and log pi
+    the pass's new log-prob (the quantity Clip-Cov and KL-Cov select by: `engine.objectives.token_covariance`, verl
+    0.9.1 `compute_policy_loss_clip_cov`), the summed KL (kl_sum over kl_rows rows with one) and entropy, and the
+    rows Clip-Cov or KL-Cov selected (cov_rows: clip code 4, `engine.clip_codes.CLIP_COV`).
+
+    A group's summed covariance is sum(A log pi) - mean(log pi) sum(A) - mean(A) sum(log pi) + n mean(A) mean(log pi)
+    with the pass's means: one aggregation over the rows, where a window for the means and a product per row took
+    1.7-1.8 times as long (benchmarks/bench_token_drivers.py). A critic run's loss saw its advantages whitened with the
+    step's (mean, std) (`as_loss_used`): its covariance is divided by that std. A pass spread over several
+    processes is one batch here, where each process's loss took its own means."""
+    return f"""
+        WITH sums AS (
+            SELECT step, "pass", {group}, count(*) AS n, sum(advantage) AS sum_a, sum(new_logp) AS sum_logp,
+                   sum(advantage * new_logp) AS sum_a_logp, sum(kl) AS kl_sum, count(kl) AS kl_rows,
+                   sum(entropy) AS entropy_sum, count(*) FILTER (WHERE clip = {CLIP_COV}) AS cov_rows
+            FROM ({_LOSS_TOKEN_PASSES}) GROUP BY ALL
+        ), means AS (
+            SELECT step, "pass", sum(sum_a) / sum(n) AS mean_a, sum(sum_logp) / sum(n) AS mean_logp
+            FROM sums GROUP BY step, "pass"
+        )
+        SELECT s.*, (s.sum_a_logp - m.mean_logp * s.sum_a - m.mean_a * s.sum_logp + s.n * m.mean_a * m.mean_logp)
+                    / coalesce(w.advantage_std, 1.0) AS covariance_sum
+        FROM sums s JOIN means m USING (step, "pass") LEFT JOIN steps w ON w.run = $run AND w.step = s.step"""
+
+
+def covariance_drivers(reader, run: str, first: int, last: int, bucket: int, top: int = 20) -> pd.DataFrame:
+    """Per step, the token texts (per position bucket of `bucket` positions when bucket > 0) that are among the
+    `top` of steps first..last by summed covariance or by summed KL to the reference (token x pass rows).
+
+    Columns: step, token_text, position_from, rows, covariance_sum, kl_sum, kl_rows (rows with a KL logged),
+    entropy_sum (entropy at sampling, summed over rows), cov_rows (rows Clip-Cov / KL-Cov selected),
+    top_covariance / top_kl (which ranking picked the text), and the range's totals kl_total / kl_rows_total, for
+    shares (`driver_table`)."""
+    return reader.sql(
+        f"""
+        WITH per_step AS (
+            SELECT step, token_text, position_from, sum(n)::BIGINT AS rows, sum(covariance_sum) AS covariance_sum,
+                   sum(kl_sum) AS kl_sum, sum(kl_rows)::BIGINT AS kl_rows, sum(entropy_sum) AS entropy_sum,
+                   sum(cov_rows)::BIGINT AS cov_rows
+            FROM ({_covariance_sums("token_text, CASE WHEN $bucket > 0 THEN position // $bucket * $bucket END "
+                                    "AS position_from")})
+            GROUP BY ALL
+        ), ranked AS (
+            SELECT token_text, position_from,
+                   rank() OVER (ORDER BY sum(covariance_sum) DESC NULLS LAST) <= $top AS top_covariance,
+                   coalesce(rank() OVER (ORDER BY sum(kl_sum) DESC NULLS LAST) <= $top AND sum(kl_sum) > 0, false)
+                   AS top_kl,
+                   sum(sum(kl_sum)) OVER () AS kl_total, sum(sum(kl_rows)) OVER () AS kl_rows_total
+            FROM per_step GROUP BY token_text, position_from
+        )
+        SELECT s.*, r.top_covariance, r.top_kl, r.kl_total, r.kl_rows_total
+        FROM per_step s JOIN ranked r
+             ON r.token_text = s.token_text AND r.position_from IS NOT DISTINCT FROM s.position_from
+        WHERE r.top_covariance OR r.top_kl
+        ORDER BY s.token_text, s.position_from, s.step
+        """,
+        {"run": run, "first": first, "last": last, "bucket": bucket, "top": top},
+    )
+
+
+def driver_table(per_step: pd.DataFrame, ranking: str) -> pd.DataFrame:
+    """The rows of `covariance_drivers` picked by `ranking` ("covariance" or "kl") summed over their steps, one row
+    per token text (and position bucket), best first: rows, covariance_sum / _mean, kl_share (of the range's summed
+    KL), kl_vs_mean (its mean KL over the mean KL of every loss token), cov_rate (the share of its rows Clip-Cov or
+    KL-Cov selected), entropy_mean and, for the entropy over training, the text's mean entropy in the first and
+    last step it was seen (entropy_first, entropy_last)."""
+    columns = ["token_text", "position_from", "rows", "covariance_sum", "covariance_mean", "kl_share", "kl_vs_mean",
+               "cov_rate", "entropy_mean", "entropy_first", "entropy_last", "first_step", "last_step"]
+    picked = per_step[per_step["top_covariance" if ranking == "covariance" else "top_kl"]]
+    if picked.empty:
+        return pd.DataFrame(columns=columns)
+    by_step = picked.assign(entropy_of_step=picked["entropy_sum"] / picked["rows"]).sort_values(
+        "step", kind="stable").groupby(["token_text", "position_from"], dropna=False, sort=False)
+    sums = by_step[["rows", "covariance_sum", "kl_sum", "kl_rows", "entropy_sum", "cov_rows"]].sum(min_count=1).astype(
+        {"rows": "int64"})
+    ends = by_step.agg(first_step=("step", "first"), last_step=("step", "last"),
+                       entropy_first=("entropy_of_step", "first"), entropy_last=("entropy_of_step", "last"))
+    kl_total, kl_rows_total = picked["kl_total"].iloc[0], picked["kl_rows_total"].iloc[0]
+    out = sums.join(ends).reset_index()
+    out["covariance_mean"] = out["covariance_sum"] / out["rows"]
+    out["kl_share"] = out["kl_sum"] / kl_total if kl_total else float("nan")
+    out["kl_vs_mean"] = (out["kl_sum"] / out["kl_rows"]) / (kl_total / kl_rows_total) if kl_total else float("nan")
+    out["entropy_mean"] = out["entropy_sum"] / out["rows"]
+    out["cov_rate"] = out["cov_rows"] / out["rows"]
+    order = "covariance_sum" if ranking == "covariance" else "kl_sum"
+    return out.sort_values(order, ascending=False, kind="stable")[columns].reset_index(drop=True)
+
+
+def covariance_per_step(reader, run: str, first: int, last: int) -> pd.DataFrame:
+    """Per step: the summed covariance of its loss tokens (over every token x pass row, divided by the passes per
+    token, so a step trained in several epochs counts each token once), the mean covariance (Cui et al.'s
+    Cov(log pi, A) of a batch, averaged over the passes), the logged mean entropy at sampling (`steps.entropy`) and
+    its change to the next step: Cui et al. find the entropy change tracks -covariance."""
+    return reader.sql(
+        f"""
+        WITH per_rollout AS (
+            SELECT step, rollout_id, sum(covariance_sum) AS covariance_sum, sum(n) AS rows,
+                   sum(n) / count(*) AS tokens  -- its loss tokens: its rows over the passes that used it
+            FROM ({_covariance_sums("rollout_id")}) GROUP BY step, rollout_id
+        ), per_step AS (
+            SELECT step, sum(covariance_sum) * sum(tokens) / sum(rows) AS covariance_sum,
+                   sum(covariance_sum) / sum(rows) AS covariance_mean, sum(rows)::BIGINT AS rows
+            FROM per_rollout GROUP BY step
+        )
+        SELECT c.step, c.covariance_sum, c.covariance_mean, c.rows, s.entropy,
+               lead(s.entropy) OVER (ORDER BY c.step) - s.entropy AS entropy_change
+        FROM per_step c LEFT JOIN steps s ON s.run = $run AND s.step = c.step ORDER BY c.step
+        """,
+        {"run": run, "first": first, "last": last},
     )

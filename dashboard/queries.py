@@ -204,3 +204,19 @@ of the response (engine.algorithms); the high-entropy "forking" tokens of arXiv 
 def entropy_bins(logs_dir: str, runs: tuple[str, ...], first: int, last: int, bins: int, version: tuple
                  ) -> pd.DataFrame:
     return data.entropy_bins(get_reader(logs_dir), runs, first, last, bins)
+
+
+# ---------------------------------------------------------------- covariance and KL drivers
+
+DRIVERS_TOP = 20  # token texts (per position bucket) shown by summed covariance and by summed KL
+
+
+@st.cache_data(ttl=RUN_TTL, show_spinner=False)
+def covariance_drivers(logs_dir: str, run: str, first: int, last: int, bucket: int, version: tuple
+                       ) -> pd.DataFrame:
+    return data.covariance_drivers(get_reader(logs_dir), run, first, last, bucket, DRIVERS_TOP)
+
+
+@st.cache_data(ttl=RUN_TTL, show_spinner=False)
+def covariance_per_step(logs_dir: str, run: str, first: int, last: int, version: tuple) -> pd.DataFrame:
+    return data.covariance_per_step(get_reader(logs_dir), run, first, last)

@@ -4,22 +4,27 @@ The dashboard never re-implements an objective: the Algorithm weighting page ask
 algorithm would do with the logged log-probs and advantages, and the PRM sandbox asks `process_advantages`.
 Long token rows become (B, T) tensors with `engine.logrows.batch_from_tokens`, the inverse of what the trainer
 writes. No Streamlit calls.
+
+torch (seconds to import in a fresh server) is imported by the functions that compute, not by this module: the
+Algorithm weighting page draws its pickers and knob table (`author_knobs`) before its first objective is asked.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
 import pandas as pd
-import torch
 
+from engine.algorithms import ALGORITHMS, defaults, objective, resolve
 from engine.clip_codes import CLIP_NAMES, clip_fractions, count_clip_events
-from engine.logrows import LoggedBatch, batch_from_tokens
-from engine.objectives import ALGORITHMS, defaults, policy_loss
 
-__all__ = ["KNOBS", "SCHEMES", "Weighting", "advantage_schemes", "author_knobs", "batch_from_tokens",
-           "clip_fraction_row", "clip_region", "process_sandbox", "weigh", "whitened"]
+if TYPE_CHECKING:
+    from engine.logrows import LoggedBatch
+
+__all__ = ["IMPOSSIBLE", "KNOBS", "SCHEMES", "Weighting", "advantage_schemes", "author_knobs", "batch_from_tokens",
+           "clip_fraction_row", "clip_region", "process_sandbox", "weigh", "weight_curves", "whitened"]
 
 KNOBS = ("eps_low", "eps_high", "beta")
 
@@ -40,8 +45,17 @@ class Weighting:
     params: dict
 
 
+def batch_from_tokens(tokens: pd.DataFrame) -> LoggedBatch:
+    """`engine.logrows.batch_from_tokens`: long token rows (one pass's values) as (B, T) tensors."""
+    from engine.logrows import batch_from_tokens as as_batch
+
+    return as_batch(tokens)
+
+
 def weigh(batch: LoggedBatch, algo: str, overrides: dict) -> Weighting:
     """Call policy_loss for one algorithm and keep its per-token diagnostics."""
+    from engine.objectives import policy_loss
+
     out = policy_loss(algo, batch.logp, batch.old_logp, batch.advantages, batch.mask, ref_logp=batch.ref_logp,
                       entropy=batch.entropy, **overrides)
     on = batch.mask.numpy() > 0
@@ -63,20 +77,71 @@ def clip_fraction_row(algo: str, weighting: Weighting) -> dict:
                 np.isclose(weighting.grad_weight[weighting.clip >= 0], 0).mean()) if codes.size else 0.0}
 
 
-def clip_region(algo: str, overrides: dict, ratio_max: float, adv_max: float, n_ratio: int = 121,
-                n_adv: int = 41) -> dict:
-    """The objective's clip decision on a (advantage x ratio) grid: one single-token completion per grid point.
+IMPOSSIBLE = -1
+"""The code `clip_region` gives the ratios a token cannot reach from its p_old (p = r p_old > 1), drawn for the
+rules that bound the probability itself (DPPO)."""
 
-    With one token per completion, GSPO's sequence ratio is the token ratio, so every algorithm is drawn on the
-    same axes. Entropy is not given, so ASPO uses its ordinary (not high-entropy) ranges.
-    """
+
+def _single_tokens(algo: str, overrides: dict, ratios: np.ndarray, advantages: np.ndarray, old_prob: float):
+    """The objective's clip codes and gradient weight per unit advantage (weight / A, the multiplier of A's
+    gradient) for single-token completions at each (advantage, ratio) pair (flat arrays), p_old = `old_prob`.
+
+    With one token per completion a sequence ratio is the token ratio and every aggregation weighs each completion
+    1/N, so every algorithm is drawn on the same axes. Entropy is not given, so ASPO uses its ordinary (not
+    high-entropy) ranges. Clip-Cov's and KL-Cov's selections depend on the whole batch's covariance (a 2e-4 share
+    of it), not on one token's ratio and advantage: their picture is that of their surrogate alone."""
+    import torch
+
+    from engine.objectives import policy_loss, surrogate
+
+    old_logp = torch.full((len(ratios), 1), float(np.log(old_prob)), dtype=torch.float64)  # (N, 1)
+    logp = old_logp + torch.tensor(np.log(ratios)).reshape(-1, 1)  # (N, 1)
+    adv = torch.tensor(advantages, dtype=torch.float64)  # (N,)
+    obj = objective(algo)
+    if obj.covariance is None:
+        out = policy_loss(algo, logp, old_logp, adv, torch.ones_like(logp), **overrides)
+        codes, weight = out.clip.numpy()[:, 0], out.grad_weight.numpy()[:, 0] * len(ratios)  # undo the 1/N
+    else:
+        p = resolve(algo, **overrides)
+        eps_low, eps_high = p.pop("eps_low", 0.0), p.pop("eps_high", 0.0)
+        out = surrogate(obj.surrogate, logp - old_logp, adv[:, None], eps_low, eps_high, old_logp, **p)
+        codes, weight = out.clip.numpy()[:, 0], out.weight.numpy()[:, 0]
+    with np.errstate(divide="ignore", invalid="ignore"):
+        per_advantage = np.where(advantages != 0, weight / advantages, np.nan)
+    return codes.astype(int), per_advantage
+
+
+def _bounds_probability(algo: str) -> bool:
+    return objective(algo).surrogate.startswith("dppo")
+
+
+def clip_region(algo: str, overrides: dict, ratio_max: float, adv_max: float, n_ratio: int = 121,
+                n_adv: int = 41, old_prob: float = 0.5) -> dict:
+    """The objective's clip decision on a (advantage x ratio) grid of single-token completions (`_single_tokens`).
+    For a rule that bounds the probability itself (DPPO) the decision depends on p_old (`old_prob`), and the
+    ratios above 1 / p_old, which no token can reach, are coded IMPOSSIBLE."""
     ratios = np.linspace(1e-3, ratio_max, n_ratio)
     advs = np.linspace(-adv_max, adv_max, n_adv)
     rr, aa = np.meshgrid(ratios, advs)  # (A, R)
-    logp = torch.tensor(np.log(rr).reshape(-1, 1))  # (A*R, 1)
-    zeros = torch.zeros_like(logp)
-    out = policy_loss(algo, logp, zeros, torch.tensor(aa.reshape(-1)), torch.ones_like(logp), **overrides)
-    return {"ratio": ratios, "advantage": advs, "clip": out.clip.numpy().reshape(rr.shape).astype(int)}
+    codes, _ = _single_tokens(algo, overrides, rr.reshape(-1), aa.reshape(-1), old_prob)
+    codes = codes.reshape(rr.shape)
+    if _bounds_probability(algo):
+        codes = np.where(rr * old_prob > 1.0, IMPOSSIBLE, codes)
+    return {"ratio": ratios, "advantage": advs, "clip": codes}
+
+
+def weight_curves(algo: str, overrides: dict, ratio_max: float, n_ratio: int = 241, old_prob: float = 0.5) -> dict:
+    """The gradient weight per unit advantage against the ratio (the sequence ratio for sequence-level rules) at
+    A = +1 and A = -1, single-token completions (`_single_tokens`): GPG's flat 1, PPO's r cut to 0 where it
+    clips, VESPO's gamma curve, DPPO's truncated ratio and its mask at p_old = `old_prob` (NaN where no token can
+    be). {"ratio": (R,), "positive": (R,), "negative": (R,)}."""
+    ratios = np.linspace(1e-3, ratio_max, n_ratio)
+    _, positive = _single_tokens(algo, overrides, ratios, np.ones_like(ratios), old_prob)
+    _, negative = _single_tokens(algo, overrides, ratios, -np.ones_like(ratios), old_prob)
+    if _bounds_probability(algo):
+        reachable = ratios * old_prob <= 1.0
+        positive, negative = np.where(reachable, positive, np.nan), np.where(reachable, negative, np.nan)
+    return {"ratio": ratios, "positive": positive, "negative": negative}
 
 
 def process_sandbox(step_rewards: list[list[float]], step_lengths: list[list[int]]) -> tuple[np.ndarray, list]:

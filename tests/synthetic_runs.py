@@ -14,7 +14,7 @@ import re
 import numpy as np
 import pandas as pd
 
-from engine.clip_codes import clip_fractions, count_clip_events, fraction_column
+from engine.clip_codes import CLIP_COV, clip_fractions, count_clip_events, fraction_column
 from engine.objectives import CLIP_CAP, CLIP_HIGH, CLIP_LOW, CLIP_NONE
 
 HOSTILE_TOKEN = "<img src=x onerror=alert(1)>"
@@ -185,3 +185,50 @@ def write_run_before_columns(logs_dir, name: str, table: str, rows: dict, droppe
     writer.close()
     (path,) = data_dir_of(logs_dir / name).glob(f"step-*/{table}.parquet")
     pq.write_table(pq.read_table(path).drop_columns(dropped), path)
+
+
+def write_covariance_run(logs_dir, name: str = "hand-cov", advantage_std: float | None = None) -> None:
+    """A two-step run small enough to work Cui et al.'s covariance (A - mean A)(log pi - mean log pi) out by hand,
+    means over each pass's loss tokens (tests/test_token_drivers.py holds the worked values).
+
+    Step 0, one pass: rollout 0 (A = +1, tokens a b; b selected by a covariance rule, code 4), rollout 1 (A = -1,
+    tokens a c, and e, which a mismatch correction rejected: out of the means), an eval rollout (z, never trained).
+    Step 1, two passes (two epochs) over rollout 0 (A = +2, tokens a c) and rollout 1 (A = 0, tokens b d), plus an
+    overlong-filtered rollout 2 (A = 5, token c) whose logged passes are not in the loss; its second pass logged no
+    KL (NaN). `advantage_std`: logged as a critic run's step whitening (its loss saw A / std, as mean 0)."""
+    from engine.runlog import RunWriter
+
+    steps = {
+        0: {"rollouts": [(0, "train", 1.0, False, "ab"), (1, "train", -1.0, False, "ace"), (2, "eval", 0.0, False,
+                                                                                               "z")],
+            "entropy": {0: [0.2, 0.4], 1: [0.6, 0.8, 1.0], 2: [0.9]},
+            "passes": [{0: ([-0.1, -0.5], [0.01, 0.03]), 1: ([-1.0, -2.0, -9.0], [0.02, 0.14, 5.0])}],
+            "rejected": {(0, 1, 2)}, "selected": {(0, 0, 1)}, "step_entropy": 0.5},
+        1: {"rollouts": [(0, "train", 2.0, False, "ac"), (1, "train", 0.0, False, "bd"), (2, "train", 5.0, True,
+                                                                                           "c")],
+            "entropy": {0: [0.1, 0.3], 1: [0.5, 0.7], 2: [0.9]},
+            "passes": [{0: ([-0.2, -0.6], [0.0, 0.1]), 1: ([-0.3, -0.9], [0.0, 0.0]), 2: ([-3.0], [7.0])},
+                       {0: ([-0.1, -0.6], [np.nan] * 2), 1: ([-0.3, -1.1], [np.nan] * 2), 2: ([-3.0], [np.nan])}],
+            "rejected": set(), "selected": set(), "step_entropy": 0.4},
+    }
+    with RunWriter.create(logs_dir, name, algorithm="grpo", task="linear", config={"supervision": "outcome"},
+                          background=False) as writer:
+        for step, spec in steps.items():
+            rollouts = pd.DataFrame([
+                {"rollout_id": rid, "group_id": 0 if kind == "train" else 1000, "index_in_group": rid, "kind": kind,
+                 "prompt_id": 0, "advantage": adv, "length": len(text), "reward": adv, "filtered": filtered,
+                 "filter_reason": "overlong" if filtered else None, "completion": text}
+                for rid, kind, adv, filtered, text in spec["rollouts"]])
+            tokens = pd.DataFrame([
+                {"rollout_id": rid, "position": pos, "token_text": ch, "advantage": adv, "old_logp": -1.0,
+                 "entropy": spec["entropy"][rid][pos]}
+                for rid, _, adv, _, text in spec["rollouts"] for pos, ch in enumerate(text)])
+            passes = pd.DataFrame([
+                {"pass": p, "rollout_id": rid, "position": pos, "new_logp": logp, "kl": kl, "ratio": 1.0,
+                 "clip": CLIP_COV if (p, rid, pos) in spec["selected"] else CLIP_NONE, "grad_weight": 0.0,
+                 "rejected": int((p, rid, pos) in spec["rejected"])}
+                for p, by_rollout in enumerate(spec["passes"]) for rid, (logps, kls) in by_rollout.items()
+                for pos, (logp, kl) in enumerate(zip(logps, kls, strict=True))])
+            whitening = {} if advantage_std is None else {"advantage_mean": 0.0, "advantage_std": advantage_std}
+            writer.log_step(step, metrics={"entropy": spec["step_entropy"], **whitening}, rollouts=rollouts,
+                            tokens=tokens, token_passes=passes)

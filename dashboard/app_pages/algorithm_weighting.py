@@ -13,7 +13,7 @@ import pandas as pd
 import streamlit as st
 
 from dashboard import charts, common, queries, recompute
-from engine.algorithms import ALGORITHMS, uses_critic
+from engine.algorithms import ALGORITHMS, OBJECTIVES, uses_critic
 from engine.algorithms import defaults as algorithm_defaults
 
 MAX_SCATTER_POINTS = 4000
@@ -22,6 +22,7 @@ MAX_HEATMAP_ROWS = 48
 # critic. The others are a click away: each figure draws a panel per algorithm, and nine panels per figure cost the
 # browser about 0.3 s more on every visit than four.
 HEADLINE = ("grpo", "dapo", "gspo", "aspo")
+OLD_PROBS = (0.05, 0.1, 0.2, 0.3, 0.5, 0.7, 0.9, 0.95)
 
 selection = common.require_selection()
 logs, run, step = selection.logs_dir, selection.run, selection.step
@@ -102,12 +103,14 @@ def weigh_all(logs: str, run: str, step: int, rollout_ids: tuple, update: int, k
 
 
 @st.cache_data(ttl=queries.STEP_TTL, show_spinner=False, max_entries=32)
-def regions_for(knobs: tuple, ratio_max: float, adv_max: float) -> dict:
-    out = {}
+def regions_for(knobs: tuple, ratio_max: float, adv_max: float, old_prob: float) -> tuple[dict, dict]:
+    """(algorithm -> its clip region, algorithm -> its weight curves) on single-token grids."""
+    regions, curves = {}, {}
     for algo, overrides in knobs:
         with contextlib.suppress(ValueError):  # refused knobs are already reported above
-            out[algo] = recompute.clip_region(algo, dict(overrides), ratio_max, adv_max)
-    return out
+            regions[algo] = recompute.clip_region(algo, dict(overrides), ratio_max, adv_max, old_prob=old_prob)
+            curves[algo] = recompute.weight_curves(algo, dict(overrides), ratio_max, old_prob=old_prob)
+    return regions, curves
 
 
 knobs = tuple(
@@ -162,11 +165,26 @@ scatter = {}
 for algo, w in results.items():
     points = pd.DataFrame({"ratio": w.ratio[on], "advantage": adv_points})
     scatter[algo] = points.sample(MAX_SCATTER_POINTS, random_state=0) if len(points) > MAX_SCATTER_POINTS else points
-st.plotly_chart(charts.clip_regions(regions_for(knobs, round(ratio_max, 2), round(adv_max, 2)), scatter),
-                key="clip_regions")
+old_prob = 0.5  # p_old of the pictures of the rules that bound the probability itself (DPPO)
+if any(OBJECTIVES[a].surrogate.startswith("dppo") for a in algorithms):
+    old_prob = st.select_slider(
+        "p_old of DPPO's pictures", OLD_PROBS, value=0.5, key="weigh_old_prob",
+        help="DPPO bounds p − p_old (TV) or the binary KL, not the ratio: where it masks depends on the token's "
+        "probability before the update; ratios above 1 / p_old are out of reach (grey)")
+regions, curves = regions_for(knobs, round(ratio_max, 2), round(adv_max, 2), old_prob)
+st.plotly_chart(charts.clip_regions(regions, scatter), key="clip_regions")
 st.caption("Shaded: the objective's decision for a single token at that ratio and advantage (blue: clipped low, "
-           "zero gradient; red: clipped high, zero gradient; purple: capped with the gradient kept). Dots: this "
-           "batch's tokens at the ratio each algorithm uses (GSPO: the sequence ratio).")
+           "zero gradient; red: clipped high, zero gradient; purple: capped with the gradient kept; grey: a ratio "
+           f"no token with p_old = {old_prob:g} can reach, for DPPO). Dots: this batch's tokens at the ratio each "
+           "algorithm uses (GSPO, LUSPO, VESPO: the sequence ratio). Clip-Cov and KL-Cov are drawn as their "
+           "surrogate: which tokens their rule picks depends on the whole batch's covariance, not on one token.")
+st.subheader("Gradient weight against the ratio")
+st.plotly_chart(charts.weight_curves(curves), key="weight_curves")
+st.caption("Each objective's gradient weight per unit advantage for a single token at that ratio (the sequence "
+           "ratio for sequence-level rules), positive A red, negative A blue; 1 (dotted) is the plain policy "
+           "gradient: GPG is flat at 1, PPO's clip drops to 0, DPPO truncates the ratio at its cap and masks outside "
+           "its trust region (at the p_old above), VESPO follows its gamma weight e^λ w^k e^(−λw) of the sequence "
+           "ratio w. DRO adds −dro_beta · log r / A, so its curve for a negative A rises with the ratio.")
 with st.expander("Resolved hyper-parameters"):
     params = pd.DataFrame({a: {k: str(v) for k, v in w.params.items()} for a, w in results.items()})
     common.static_table(st, params.rename_axis("parameter").reset_index())

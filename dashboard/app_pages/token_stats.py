@@ -1,5 +1,6 @@
 """Token statistics: which tokens get clipped or carry the gradient over a range of steps, per token text (and
-position), and by entropy quantile within their response (ASPO's entropy-dependent clip)."""
+position), by entropy quantile within their response (ASPO's entropy-dependent clip), and which carry Cui et al.'s
+covariance and the KL to the reference, with the run's entropy against its summed covariance."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ from urllib.parse import urlencode
 
 import streamlit as st
 
-from dashboard import charts, common, data, queries
+from dashboard import charts, common, data, entropy_charts, queries
 from engine.algorithms import defaults as algorithm_defaults
 
 ASPO = algorithm_defaults("aspo")  # the numbers of the entropy split's caption
@@ -97,3 +98,62 @@ if compared:
         "tokens that arXiv 2506.01939 finds carry the learning.")
     st.plotly_chart(charts.entropy_bin_bars(bins, ENTROPY_BINS, queries.ASPO_ENTROPY_QUANTILE), key="stats_entropy")
     st.dataframe(bins, hide_index=True, key="stats_entropy_table")
+
+
+# ---- covariance and KL drivers
+def driver_section(ranking: str, per_step, title: str, value: str, value_title: str, note: str) -> None:
+    """One ranking of `data.covariance_drivers` ("covariance" or "kl"): its token texts over steps and its table."""
+    table = data.driver_table(per_step, ranking)
+    st.markdown(f"**{title}**")
+    if table.empty:
+        st.caption(note)
+        return
+    st.plotly_chart(entropy_charts.drivers_over_steps(per_step, table, value, value_title),
+                    key=f"stats_{ranking}_steps")
+    shown = table.assign(token_text=table["token_text"].map(charts.token_as_text))
+    unused = ([] if bucket else ["position_from"]) + ([] if (table["cov_rate"] > 0).any() else ["cov_rate"])
+    st.dataframe(shown.drop(columns=unused), hide_index=True,
+                 key=f"stats_{ranking}_table", column_config={
+                     "token_text": st.column_config.TextColumn("token"), "position_from": "from position",
+                     "rows": st.column_config.NumberColumn("token × pass rows"),
+                     "covariance_sum": st.column_config.NumberColumn("summed covariance", format="%.4g"),
+                     "covariance_mean": st.column_config.NumberColumn("mean covariance", format="%.4f"),
+                     "kl_share": st.column_config.NumberColumn("share of the KL", format="%.3f"),
+                     "kl_vs_mean": st.column_config.NumberColumn("KL ÷ mean token's", format="%.2f"),
+                     "cov_rate": st.column_config.NumberColumn("selected by Clip-/KL-Cov", format="%.4f"),
+                     "entropy_mean": st.column_config.NumberColumn("mean entropy", format="%.3f"),
+                     "entropy_first": st.column_config.NumberColumn("entropy, first step", format="%.3f"),
+                     "entropy_last": st.column_config.NumberColumn("entropy, last step", format="%.3f"),
+                 })
+
+
+def drivers_sections() -> None:
+    """Which tokens carry the covariance (where the entropy falls) and the KL, and entropy against covariance."""
+    st.subheader("Covariance and KL drivers")
+    per_step = common.load("the covariance drivers", queries.covariance_drivers, logs, run, first, last, bucket,
+                           selection.version)
+    if per_step.empty:
+        st.info(f"Run {common.md(run)} logged no optimisation passes in steps {first}..{last}.")
+        return
+    st.caption(
+        "Covariance: Cui et al.'s (A − mean A)(log π − mean log π) of each loss token and optimisation pass, the means "
+        "over that pass's loss tokens, log π the pass's new log-prob: the tokens Clip-Cov and KL-Cov act on. A "
+        "token with a large positive covariance (a likely token with a high advantage, or an unlikely one with a low "
+        "advantage) is one where the update takes entropy away (arXiv 2505.22617). KL: the logged k3 KL to the "
+        "reference per token and pass; its share of the summed KL, and its mean over the mean of every loss token. "
+        f"Steps {first}..{last}; the first and last step's mean entropy (at sampling) of each token text.")
+    driver_section("covariance", per_step, f"Highest summed covariance (top {queries.DRIVERS_TOP})",
+                   "covariance_sum", "summed covariance", "")
+    driver_section("kl", per_step, f"Highest share of the KL to the reference (top {queries.DRIVERS_TOP})",
+                   "kl_sum", "summed KL",
+                   "No KL to a reference was logged in these steps (a run without a reference model).")
+    st.markdown("**Entropy against the summed covariance per step**")
+    steps_cov = common.load("the covariance per step", queries.covariance_per_step, logs, run, first, last,
+                            selection.version)
+    st.plotly_chart(entropy_charts.entropy_against_covariance(steps_cov), key="stats_entropy_covariance")
+    st.caption("Summed covariance: over the step's loss tokens (each token counted once when a step trains in "
+               "several epochs). Entropy: the logged mean entropy at sampling (`steps.entropy`). Cui et al. find "
+               "the entropy change from one step to the next tracks minus the covariance.")
+
+
+drivers_sections()

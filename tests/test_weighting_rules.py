@@ -1,0 +1,134 @@
+"""The Algorithm weighting page's pictures of the 2025-2026 rules (dashboard/recompute.py), against the rules'
+published formulas, and the page drawing its pickers before torch is imported."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import textwrap
+
+import numpy as np
+import pytest
+from test_dashboard import APP, TIMEOUT, array, open_page, plotly_spec
+
+from dashboard import recompute
+
+RATIO_MAX = 3.5
+
+
+def test_gpg_weighs_every_ratio_alike():
+    curves = recompute.weight_curves("gpg", {}, RATIO_MAX, n_ratio=50)
+    assert np.all(curves["positive"] == 1.0) and np.all(curves["negative"] == 1.0)
+    region = recompute.clip_region("gpg", {}, RATIO_MAX, 2.0, n_ratio=20, n_adv=9)
+    assert np.all(region["clip"] == 0)
+
+
+def test_vespo_curve_is_its_gamma_weight_of_the_sequence_ratio():
+    """phi(w) = e^lambda w^k e^(-lambda w), (k, lambda) = (2, 3) for A > 0 and (3, 2) for A < 0 (arXiv
+    2602.10693, TRL 1.16 defaults), 1 at w = 1."""
+    curves = recompute.weight_curves("vespo", {}, RATIO_MAX, n_ratio=60)
+    w = curves["ratio"]
+    np.testing.assert_allclose(curves["positive"], np.exp(3) * w**2 * np.exp(-3 * w), rtol=1e-9)
+    np.testing.assert_allclose(curves["negative"], np.exp(2) * w**3 * np.exp(-2 * w), rtol=1e-9)
+    changed = recompute.weight_curves("vespo", {"vespo_k_pos": 1.0, "vespo_lambda_pos": 1.0}, RATIO_MAX)
+    np.testing.assert_allclose(changed["positive"], np.e * changed["ratio"] * np.exp(-changed["ratio"]), rtol=1e-9)
+
+
+@pytest.mark.parametrize("old_prob", [0.3, 0.5, 0.9])
+def test_dppo_tv_masks_by_the_probability_step_at_its_p_old(old_prob):
+    """DPPO-TV (arXiv 2602.04879, verl 0.9.1 dppo_tv, bounds 0.2, cap 3): A > 0 keeps a token while
+    p - p_old <= 0.2, A < 0 while p - p_old >= -0.2; a kept token weighs min(r, 3); r > 1 / p_old cannot happen."""
+    curves = recompute.weight_curves("dppo_tv", {}, RATIO_MAX, n_ratio=80, old_prob=old_prob)
+    r = curves["ratio"]
+    step = r * old_prob - old_prob  # p - p_old
+    reachable = r * old_prob <= 1
+    want_positive = np.where(step <= 0.2, np.minimum(r, 3.0), 0.0)
+    want_negative = np.where(step >= -0.2, np.minimum(r, 3.0), 0.0)
+    np.testing.assert_allclose(curves["positive"][reachable], want_positive[reachable], rtol=1e-9)
+    np.testing.assert_allclose(curves["negative"][reachable], want_negative[reachable], rtol=1e-9)
+    assert np.isnan(curves["positive"][~reachable]).all() and np.isnan(curves["negative"][~reachable]).all()
+    region = recompute.clip_region("dppo_tv", {}, RATIO_MAX, 2.0, n_ratio=80, n_adv=9, old_prob=old_prob)
+    rr, aa = np.meshgrid(region["ratio"], region["advantage"])
+    assert np.all((region["clip"] == recompute.IMPOSSIBLE) == (rr * old_prob > 1))
+    inside = rr * old_prob <= 1
+    masked_up = inside & (aa > 0) & (rr * old_prob - old_prob > 0.2)
+    masked_down = inside & (aa < 0) & (rr * old_prob - old_prob < -0.2)
+    assert np.all((region["clip"] == 2) == masked_up) and np.all((region["clip"] == 1) == masked_down)
+
+
+def test_covariance_rules_are_drawn_as_their_surrogate():
+    """A grid of single tokens has no covariance of its own to select by: Clip-Cov's picture is PPO's clip at its
+    range (no random cells), KL-Cov's the linear -rA (no clip), the same at every call."""
+    grpo = recompute.clip_region("grpo", {}, RATIO_MAX, 2.0, n_ratio=60, n_adv=21)
+    for _ in range(2):
+        clip_cov = recompute.clip_region("clip_cov", {}, RATIO_MAX, 2.0, n_ratio=60, n_adv=21)
+        np.testing.assert_array_equal(clip_cov["clip"], grpo["clip"])
+    kl_cov = recompute.clip_region("kl_cov", {}, RATIO_MAX, 2.0, n_ratio=60, n_adv=21)
+    assert np.all(kl_cov["clip"] == 0)
+    curves = recompute.weight_curves("kl_cov", {}, RATIO_MAX)
+    np.testing.assert_allclose(curves["positive"], curves["ratio"], rtol=1e-9)
+
+
+def test_dro_weight_per_advantage():
+    """DRO (verl 0.9.1 dro): weight A - dro_beta log r, so weight / A = 1 - dro_beta log r / A."""
+    curves = recompute.weight_curves("dro", {"dro_beta": 0.5}, RATIO_MAX)
+    log_r = np.log(curves["ratio"])
+    np.testing.assert_allclose(curves["positive"], 1 - 0.5 * log_r, rtol=1e-9)
+    np.testing.assert_allclose(curves["negative"], 1 + 0.5 * log_r, rtol=1e-9)
+
+
+def test_weighting_page_draws_the_new_rules(trained, monkeypatch):
+    logs_dir, run = trained
+    at = open_page(logs_dir, "algorithm_weighting", monkeypatch, run=run)
+    rules = ["gpg", "dppo_tv", "dppo_kl", "dro", "clip_cov", "kl_cov", "luspo", "vespo"]
+    at.multiselect(key="weigh_algorithms").set_value(rules).run()
+    assert not at.exception, [e.message for e in at.exception]
+    curves = plotly_spec(at, "weight_curves")
+    assert len(curves["data"]) == 2 * len(rules)
+    gpg = [t for t in curves["data"] if t["xaxis"] == "x"]
+    assert all(np.allclose(array(t["y"]).astype(float), 1.0) for t in gpg)
+    regions = plotly_spec(at, "clip_regions")
+    grey = [s for s in regions["layout"]["shapes"] if s["fillcolor"] == "#bdbdbd"]
+    assert {s["xref"] for s in grey} == {"x2", "x3"}  # dppo_tv and dppo_kl, the 2nd and 3rd panels
+    assert all(s["x0"] >= 1 / 0.5 - 0.05 for s in grey)  # above 1 / p_old at the default p_old 0.5
+    at.select_slider(key="weigh_old_prob").set_value(0.9).run()
+    grey = [s for s in plotly_spec(at, "clip_regions")["layout"]["shapes"] if s["fillcolor"] == "#bdbdbd"]
+    assert grey and all(s["x0"] >= 1 / 0.9 - 0.05 for s in grey)
+
+
+@pytest.fixture(scope="module")
+def trained(tiny_run):
+    return str(tiny_run[0]), tiny_run[1]
+
+
+def test_weighting_page_draws_its_pickers_before_torch(trained):
+    """With torch unimportable, the page still draws its header, its algorithm picker and the knobs table (nothing
+    before the first objective waits for torch), then says why it has no weights."""
+    logs_dir, run = trained
+    script = textwrap.dedent(f"""
+        import json, os, sys
+
+        class NoTorch:
+            def find_spec(self, name, path=None, target=None):
+                if name == "torch" or name.startswith("torch."):
+                    raise ImportError("torch is not importable in this test")
+
+        sys.meta_path.insert(0, NoTorch())
+        from streamlit.testing.v1 import AppTest
+        os.environ["POLICYLENS_LOGS_DIR"] = {logs_dir!r}
+        at = AppTest.from_file({APP!r}, default_timeout={TIMEOUT})
+        at.query_params["run"] = {run!r}
+        at.run()
+        at.switch_page("app_pages/algorithm_weighting.py").run()
+        print(json.dumps({{
+            "exceptions": [e.message for e in at.exception], "headers": [h.value for h in at.header],
+            "pickers": [m.key for m in at.multiselect], "editors": [d.key for d in at.dataframe],
+            "errors": [e.value for e in at.error], "torch": "torch" in sys.modules}}))
+    """)
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=10 * TIMEOUT)
+    assert done.returncode == 0, done.stderr[-3000:]
+    page = json.loads(done.stdout.strip().splitlines()[-1])
+    assert page["exceptions"] == [] and page["headers"] == ["Algorithm weighting"] and not page["torch"], page
+    assert "weigh_algorithms" in page["pickers"] and any(k.startswith("weigh_knobs") for k in page["editors"]), page
+    assert len(page["errors"]) == 1 and "torch is not importable" in page["errors"][0], page
