@@ -36,6 +36,7 @@ PAGES = {  # file name -> (url path, extra query parameters)
     # every run on the same held-out prompt (by default one with a negative answer: the minus sign's story)
     "token_trajectories": ("trajectories", {}),
     "token_stats": ("token-stats", {}),
+    "mismatch": ("mismatch", {}),
 }
 
 

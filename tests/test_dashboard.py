@@ -394,7 +394,7 @@ def test_a_running_run_shows_new_steps_on_the_next_rerun(tmp_path, monkeypatch):
 
 PAGES = {"runs": "Runs", "replay": "Replay", "groups": "Groups", "token_inspector": "Token inspector",
          "prm_steps": "PRM steps", "advantages": "Advantages", "algorithm_weighting": "Algorithm weighting",
-         "token_stats": "Token statistics", "token_trajectories": "Token trajectories"}
+         "token_stats": "Token statistics", "token_trajectories": "Token trajectories", "mismatch": "Mismatch"}
 
 
 def markdown_bodies(at: AppTest) -> list[str]:
