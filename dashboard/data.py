@@ -628,7 +628,7 @@ def sampler_tokens(reader, run: str, step: int, rollout_ids: tuple[int, ...] | N
                WHERE run = $run AND step = $step AND kind = 'train' AND NOT coalesce(filtered, false)
                      AND ($ids IS NULL OR list_contains($ids, rollout_id))
            ) r ON r.rollout_id = t.rollout_id
-           WHERE t.run = $run AND t.step = $step AND t.sampler_logp IS NOT NULL AND t.old_logp IS NOT NULL
+           WHERE t.run = $run AND t.step = $step AND isfinite(t.old_logp - t.sampler_logp)
            ORDER BY t.rollout_id, t.position""",
         {"run": run, "step": step, "ids": None if rollout_ids is None else list(rollout_ids)},
     )
