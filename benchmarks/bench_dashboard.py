@@ -34,8 +34,8 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 PAGES = ["runs", "replay", "groups", "token_inspector", "prm_steps", "advantages", "algorithm_weighting", "token_stats",
-         "token_trajectories"]
-RUN_PREFIX = "bench"
+         "token_trajectories", "mismatch"]
+RUN_PREFIX = "bench-s"  # "-s": runs written with the sampler columns (an older "bench-..." run lacks them)
 VOCAB = ["2", "x", " +", " 3", " =", " 7", "\n", " -", " 4", "x =", " 2", "Step", " 1", ":", " so", " subtract",
          " divide", " by", "<eos>"]
 
@@ -49,7 +49,9 @@ def synthetic_step(step: int, groups: int, group_size: int, length: int, passes:
 
     Shaped like the engine's: groups of `group_size` completions of an equation task (plus 2 eval prompts),
     lengths uniform in [length/2, length], log-probs, ratios that drift from 1 across passes, clip codes by the
-    GRPO rule, three reasoning steps per completion."""
+    GRPO rule, three reasoning steps per completion, and a sampler/trainer mismatch: sampler log-probs off the
+    trainer's by N(0, 0.03) with a 5% tail of N(0, 0.3), token TIS weights (truncated at 2) and seq_mean_k3
+    rejections in every pass, the step's `mismatch_*` metrics."""
     import numpy as np
 
     from engine.clip_codes import (
@@ -80,10 +82,18 @@ def synthetic_step(step: int, groups: int, group_size: int, length: int, passes:
     old_logp = -rng.gamma(1.0, 0.6, len(rollout))
     ref_logp = old_logp + rng.normal(0, 0.05, len(rollout))
     token_adv = advantage[rollout]
+    log_ratio = np.where(rng.random(len(rollout)) < 0.05, rng.normal(0, 0.3, len(rollout)),
+                         rng.normal(0, 0.03, len(rollout)))  # old_logp - sampler_logp
+    sampler_logp = old_logp - log_ratio
     tokens = {"rollout_id": rollout, "position": position, "token_id": token_id, "token_text": text,
               "old_logp": old_logp, "ref_logp": ref_logp, "entropy": rng.gamma(2.0, 0.4, len(rollout)),
-              "advantage": token_adv, "prm_step": np.minimum(position * 3 // lengths[rollout], 2)}
+              "advantage": token_adv, "prm_step": np.minimum(position * 3 // lengths[rollout], 2),
+              "sampler_logp": sampler_logp, "sampler_logp_full": sampler_logp - rng.exponential(0.01, len(rollout))}
     trained = rollout < n_train
+    k3 = np.exp(log_ratio) - 1 - log_ratio
+    seq_k3 = np.bincount(rollout, k3) / lengths  # (N,) per-rollout mean
+    rejected = np.where(seq_k3[rollout] > 0.01, 2, 0).astype(np.int8)  # REJECT_SEQUENCE, as seq_mean_k3 0.01
+    is_weight = np.minimum(np.exp(log_ratio), 2.0)
     per_pass = []
     for p in range(passes):
         new_logp = old_logp[trained] + rng.normal(0, 0.08 * p, int(trained.sum()))
@@ -95,7 +105,8 @@ def synthetic_step(step: int, groups: int, group_size: int, length: int, passes:
         per_pass.append({"pass": np.full(len(ratio), p), "rollout_id": rollout[trained],
                          "position": position[trained], "new_logp": new_logp, "ratio": ratio, "clip": clip,
                          "grad_weight": np.where(clip == CLIP_NONE, ratio * a / size, 0.0),
-                         "token_loss": -ratio * a / size, "kl": np.exp(log_ratio_ref) - log_ratio_ref - 1})
+                         "token_loss": -ratio * a / size, "kl": np.exp(log_ratio_ref) - log_ratio_ref - 1,
+                         "is_weight": is_weight[trained], "rejected": rejected[trained]})
     token_passes = {k: np.concatenate([p[k] for p in per_pass]) for k in per_pass[0]} if per_pass else None
     prompts = np.array([f"Solve for x: {g + 2}x + 3 = {2 * g + 7}" for g in range(max(groups, evals))], dtype=object)
     filtered = np.concatenate([np.repeat(std == 0, group_size), np.zeros(evals, bool)])
@@ -130,6 +141,13 @@ def synthetic_step(step: int, groups: int, group_size: int, length: int, passes:
         "truncated_frac": float((lengths[:n_train] == length).mean()),
         "groups_kept": int(groups - (std == 0).sum()), "groups_filtered": int((std == 0).sum()), "gen_batches": 1,
         "loss": float(rng.normal()), "grad_norm": float(rng.random()), "lr": 1e-6,
+        # steps.extra, as engine.logrows.mismatch_metrics writes it (over the trained tokens)
+        "mismatch_kl": float(-log_ratio[trained].mean()), "mismatch_k3_kl": float(k3[trained].mean()),
+        "mismatch_chi2_token": float(np.exp(2 * log_ratio[trained]).mean() - 1),
+        "mismatch_out_of_band": float(((log_ratio[trained] < np.log(0.9)) | (log_ratio[trained] > np.log(1.1))).mean()),
+        "mismatch_mean_abs_log_ratio": float(np.abs(log_ratio[trained]).mean()),
+        "mismatch_rejected_token_share": float((rejected[trained] > 0).mean()),
+        "mismatch_is_weight_ess": float(is_weight[trained].mean() ** 2 / (is_weight[trained] ** 2).mean()),
     }
     return {"metrics": metrics, "rollouts": rollouts, "tokens": tokens, "token_passes": token_passes,
             "prm_steps": prm_steps}
@@ -204,7 +222,7 @@ def time_reruns(at, repeat: int) -> dict[str, float]:
     return {label: statistics.median(values) for label, values in times.items()}
 
 
-def time_pages(logs_dir: Path, run: str, step: int, repeat: int) -> list[dict]:
+def time_pages(logs_dir: Path, run: str, step: int, repeat: int, pages: list[str] = PAGES) -> list[dict]:
     from streamlit.testing.v1 import AppTest
 
     os.environ["POLICYLENS_LOGS_DIR"] = str(logs_dir)
@@ -213,10 +231,12 @@ def time_pages(logs_dir: Path, run: str, step: int, repeat: int) -> list[dict]:
     at.query_params["step"] = step  # inside the largest chunk, not the small newest step folder
     at.run()
     rows = []
-    for page in PAGES:
+    for page in pages:
         at.switch_page(f"app_pages/{page}.py").run()  # warm-up: imports (torch for the weighting page)
         assert not at.exception, [e.message for e in at.exception]
         rows.append({"page": page, **time_reruns(at, repeat)})
+    if "algorithm_weighting" not in pages:
+        return rows
     # The heaviest view: every completion of the step through the six objectives at once.
     at.switch_page("app_pages/algorithm_weighting.py").run()
     at.radio(key="weigh_scope").set_value("the whole step")
@@ -277,6 +297,13 @@ def time_functions(logs_dir: Path, run: str, repeat: int) -> list[tuple[str, flo
           str(stats["token_text"].iloc[0]), 0, None)
     bins = timed(f"entropy_bins ({span})", queries.entropy_bins, logs, (run,), first, last, 10, version)
     timed("entropy_bin_bars figure", charts.entropy_bin_bars, bins, 10, queries.ASPO_ENTROPY_QUANTILE)
+    timed("mismatch_curves", queries.mismatch_curves, logs, (run,), version)
+    view = timed("step_mismatch (middle step)", queries.step_mismatch, logs, run, middle)
+    timed("mismatch figures", lambda: [charts.mismatch_histogram(view.histogram, (0.9, 1.1)),
+                                       charts.probability_scatter(view.probabilities, view.binned),
+                                       charts.mismatch_buckets(view.buckets), charts.sequence_mismatch(view.sequences)])
+    timed("correction_table (middle step)", queries.correction_table, logs, run, middle)
+    timed("correction_weights (1 group)", queries.correction_weights, logs, run, middle, group)
     batch = timed("batch_from_tokens (1 group)", recompute.batch_from_tokens, group_tokens)
     for algo in ALGORITHMS:
         timed(f"policy_loss {algo} (1 group)", recompute.weigh, batch, algo, {})
@@ -333,6 +360,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--runs", type=int, default=0, help="also time `policylens runs` over this many runs")
     parser.add_argument("--build-only", action="store_true", help="write the run (if missing) and stop")
     parser.add_argument("--skip-pages", action="store_true", help="functions only, no AppTest page renders")
+    parser.add_argument("--pages", default=",".join(PAGES), help="the pages to render, comma separated")
+    parser.add_argument("--skip-functions", action="store_true", help="pages only")
     args = parser.parse_args(argv)
     logs_dir = Path(args.logs_dir).resolve()
     run = ensure_run(logs_dir, args.steps, args.groups, args.group_size, args.length)
@@ -347,15 +376,16 @@ def main(argv: list[str] | None = None) -> int:
     streamlit.logger.set_log_level("error")  # AppTest's "no runtime" warnings, one per cached function
     torch.set_num_threads(1)
     run_dir_logs = logs_dir  # the dashboard sees every run of this folder, as a user's would
-    print(f"\nquery and figure functions (uncached, median of {args.repeat}):")
-    print(f"  {'':<40} {'wall':>11} {'cpu':>11}")
-    for name, seconds, cpu in time_functions(run_dir_logs, run, args.repeat):
-        print(f"  {name:<40} {seconds * 1000:8.1f} ms {cpu * 1000:8.1f} ms")
+    if not args.skip_functions:
+        print(f"\nquery and figure functions (uncached, median of {args.repeat}):")
+        print(f"  {'':<40} {'wall':>11} {'cpu':>11}")
+        for name, seconds, cpu in time_functions(run_dir_logs, run, args.repeat):
+            print(f"  {name:<40} {seconds * 1000:8.1f} ms {cpu * 1000:8.1f} ms")
     if not args.skip_pages:
         print(f"\npage render at step {(args.steps - 1) // 2}, server time (AppTest, median of {args.repeat}):")
         print(f"  {'page':<22} {'new reader':>10} {'cold (s)':>9} {'warm (s)':>9}")
         step = (args.steps - 1) // 2
-        for row in time_pages(run_dir_logs, run, step, args.repeat):
+        for row in time_pages(run_dir_logs, run, step, args.repeat, args.pages.split(",")):
             print(f"  {row['page']:<22} {row['new reader']:10.3f} {row['cold']:9.3f} {row['warm']:9.3f}")
     print(f"\npeak resident memory of this process (the dashboard server): {peak_rss_mb():.0f} MB")
     return 0

@@ -64,6 +64,10 @@ def test_probability_scatter_bins_past_the_point_limit_and_keeps_the_count():
     many = tokens_of([(i, 0, "x", LOG(p), LOG(q)) for i, (p, q) in enumerate(rng.uniform(0.01, 1, (5000, 2)))])
     points, binned = mismatch.probability_points(many, max_points=2000, cells=10)
     assert binned and len(points) <= 100 and points["tokens"].sum() == 5000
+    same = tokens_of([(i, 0, "x", LOG(0.33), LOG(0.71)) for i in range(3000)] + [(0, 1, "x", 0.0, 0.0)])
+    points, _ = mismatch.probability_points(same, max_points=2000, cells=10)  # cells of 0.1, probability 1 last
+    assert points.to_dict("list") == {"trainer_p": pytest.approx([0.35, 0.95]),
+                                      "sampler_p": pytest.approx([0.75, 0.95]), "tokens": [3000, 1]}
 
 
 def test_buckets_by_probability_entropy_and_position():
