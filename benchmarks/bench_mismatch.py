@@ -122,7 +122,10 @@ def column_cost(logs: Path, run: str, step_seconds: float, repeats: int) -> None
         step = int(reader.sql("SELECT max(step) AS s FROM steps WHERE run = ?", [run]).iloc[0]["s"])
         tables = {table: reader.sql(f"SELECT * EXCLUDE (run, step) FROM {table} WHERE run = ? AND step = ?",
                                     [run, step]) for table in ("rollouts", "tokens", "token_passes")}
-    full = {table: {c: frame[c].to_numpy() for c in frame.columns} for table, frame in tables.items()}
+    # every column the run logged (a column left NULL throughout is left out: the writer writes it NULL again)
+    full = {table: {c: frame[c].astype(object).where(frame[c].notna(), None).tolist() if frame[c].hasnans
+                    else frame[c].to_numpy() for c in frame.columns if frame[c].notna().any()}
+            for table, frame in tables.items()}
     without = {table: {c: v for c, v in columns.items() if c not in SAMPLER_COLUMNS.get(table, ())}
                for table, columns in full.items()}
     times: dict[bool, list[float]] = {True: [], False: []}

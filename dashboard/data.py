@@ -616,13 +616,15 @@ def mismatch_curves(reader, runs: tuple[str, ...]) -> pd.DataFrame:
                       [list(runs)])
 
 
-def sampler_tokens(reader, run: str, step: int, rollout_ids: tuple[int, ...] | None = None) -> pd.DataFrame:
+def sampler_tokens(reader, run: str, step: int, rollout_ids: tuple[int, ...] | None = None,
+                   everything: bool = True) -> pd.DataFrame:
     """The tokens of a step's trained rollouts (train, not dropped by dynamic sampling; only `rollout_ids` when
     given) that have both the sampler's and the trainer's log-prob, with `log_ratio` = old_logp - sampler_logp,
-    log(pi_trainer / pi_sampler)."""
+    log(pi_trainer / pi_sampler). `everything=False`: only rollout_id, position, log_ratio and advantage (what the
+    corrections need; decoding the token texts is most of the query's time)."""
+    more = "t.token_text, t.old_logp, t.sampler_logp, t.sampler_logp_full, t.entropy," if everything else ""
     return reader.sql(
-        """SELECT t.rollout_id, t.position, t.token_text, t.old_logp, t.sampler_logp, t.sampler_logp_full,
-                  t.old_logp - t.sampler_logp AS log_ratio, t.entropy, t.advantage
+        f"""SELECT t.rollout_id, t.position, {more} t.old_logp - t.sampler_logp AS log_ratio, t.advantage
            FROM tokens t SEMI JOIN (
                SELECT rollout_id FROM rollouts
                WHERE run = $run AND step = $step AND kind = 'train' AND NOT coalesce(filtered, false)

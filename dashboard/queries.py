@@ -229,7 +229,7 @@ def correction_table(logs_dir: str, run: str, step: int) -> pd.DataFrame:
     """Every correction on the whole step (`dashboard.recompute.correction_table`; imports torch)."""
     from dashboard import recompute
 
-    _, effects = recompute.correction_effects(data.sampler_tokens(get_reader(logs_dir), run, step))
+    _, effects = recompute.correction_effects(data.sampler_tokens(get_reader(logs_dir), run, step, everything=False))
     return recompute.correction_table(effects)
 
 
@@ -240,5 +240,6 @@ def correction_weights(logs_dir: str, run: str, step: int, rollout_ids: tuple[in
     so these rows' weights are those of the whole step's (imports torch)."""
     from dashboard import recompute
 
-    ids, effects = recompute.correction_effects(data.sampler_tokens(get_reader(logs_dir), run, step, rollout_ids))
+    ids, effects = recompute.correction_effects(data.sampler_tokens(get_reader(logs_dir), run, step, rollout_ids,
+                                                                    everything=False))
     return ids, {effect.name: effect.weight for effect in effects}

@@ -177,18 +177,19 @@ class CorrectionEffect:
 
 
 def _token_grid(tokens: pd.DataFrame) -> tuple[list[int], torch.Tensor, torch.Tensor, torch.Tensor]:
-    """(rollout ids, log_ratio, mask, advantages), each (B, T) float64, from `data.sampler_tokens` rows."""
+    """(rollout ids, log_ratio, mask, advantages), each (B, T) float32 (as the trainer's tensors), from
+    `data.sampler_tokens` rows."""
     ids, rows = np.unique(tokens["rollout_id"].to_numpy(dtype=np.int64), return_inverse=True)
     cols = tokens["position"].to_numpy(dtype=np.int64)
     shape = (len(ids), int(cols.max()) + 1 if len(cols) else 1)
     grids = []
     for column in ("log_ratio", "advantage"):
-        grid = np.zeros(shape)  # (B, T)
+        grid = np.zeros(shape, dtype=np.float32)  # (B, T)
         grid[rows, cols] = np.nan_to_num(pd.to_numeric(tokens[column], errors="coerce").to_numpy(dtype=float))
-        grids.append(torch.tensor(grid))
-    mask = np.zeros(shape)
+        grids.append(torch.from_numpy(grid))
+    mask = np.zeros(shape, dtype=np.float32)
     mask[rows, cols] = 1.0
-    return [int(i) for i in ids], grids[0], torch.tensor(mask), grids[1]
+    return [int(i) for i in ids], grids[0], torch.from_numpy(mask), grids[1]
 
 
 def correction_effects(tokens: pd.DataFrame) -> tuple[list[int], list[CorrectionEffect]]:
