@@ -497,7 +497,9 @@ def test_trls_sampler_log_probs_is_ratio_and_masks_are_logged_per_token(tmp_path
         output = original(self, inputs)
         old, mask = output["old_per_token_logps"], output["completion_mask"]
         noise = torch.randn(old.shape, generator=torch.Generator().manual_seed(len(fed)))
-        output["sampling_per_token_logps"] = sampler = old + 0.3 * noise
+        sampler = old + 0.3 * noise
+        sampler[0, 0] = float("nan")  # a token vLLM could not score: TRL keeps NaN, its ratio is 1
+        output["sampling_per_token_logps"] = sampler
         output["importance_sampling_ratio"] = ratio = trl_is_ratio(old - sampler, mask, "token_mask", None, 1.5)
         fed.append({"old": old.detach().clone(), "sampler": sampler.clone(), "ratio": ratio.clone(), "mask": mask})
         return output
@@ -509,6 +511,7 @@ def test_trls_sampler_log_probs_is_ratio_and_masks_are_logged_per_token(tmp_path
     tokens = frame(logs_dir, "SELECT * FROM tokens WHERE step = 1 ORDER BY rollout_id, position")
     rows, positions = tokens["rollout_id"].to_numpy(), tokens["position"].to_numpy()
     np.testing.assert_allclose(tokens["sampler_logp"], batch["sampler"][rows, positions].numpy(), rtol=1e-6)
+    assert np.isnan(tokens["sampler_logp"].iloc[0])  # rollout 0, position 0: kept NaN, as TRL has it
 
     passes = frame(logs_dir, "SELECT p.*, r.advantage AS seq_advantage FROM token_passes p JOIN rollouts r "
                              "USING (run, step, rollout_id) WHERE step = 1 ORDER BY pass, rollout_id, position")
@@ -531,4 +534,5 @@ def test_trls_sampler_log_probs_is_ratio_and_masks_are_logged_per_token(tmp_path
 
     (extra,) = frame(logs_dir, "SELECT extra FROM steps WHERE step = 1")["extra"]
     logged = {k[len("mismatch_"):]: v for k, v in json.loads(extra).items() if k.startswith("mismatch_")}
-    assert logged == pytest.approx(offpolicy_metrics(batch["old"], batch["sampler"], batch["mask"]), rel=1e-5)
+    scored = batch["mask"].bool() & torch.isfinite(batch["sampler"])  # the NaN token left out
+    assert logged == pytest.approx(offpolicy_metrics(batch["old"], batch["sampler"], scored), rel=1e-5)

@@ -521,7 +521,9 @@ class PolicyLensGRPOTrainer(GRPOTrainer):
         if self.accelerator.is_main_process:
             metrics = self._policylens_metrics()
             if gen.sampler_logp is not None:  # this process's rows (TRL's own sampling/* metrics are global)
-                values = offpolicy_metrics(old, gen.sampler_logp.float(), gen.mask)
+                sampler = gen.sampler_logp.float()
+                scored = gen.mask & torch.isfinite(sampler) & torch.isfinite(old)  # vLLM leaves some tokens NaN
+                values = offpolicy_metrics(old, sampler, scored)
                 metrics.update({MISMATCH_PREFIX + name: value for name, value in values.items()})
         self.policylens_writer.log_step(self.policylens_step, metrics=metrics, rollouts=gen.rows, tokens=tokens,
                                         token_passes=passes)
