@@ -39,8 +39,8 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 PAGES = ["runs", "replay", "groups", "token_inspector", "prm_steps", "advantages", "algorithm_weighting", "token_stats",
-         "token_trajectories"]
-RUN_PREFIX = "bench"
+         "token_trajectories", "mismatch"]
+RUN_PREFIX = "bench-s"  # "-s": runs written with the sampler columns (an older "bench-..." run lacks them)
 VOCAB = ["2", "x", " +", " 3", " =", " 7", "\n", " -", " 4", "x =", " 2", "Step", " 1", ":", " so", " subtract",
          " divide", " by", "<eos>"]
 
@@ -91,22 +91,13 @@ def run_name(steps: int, shape: Shape) -> str:
     return f"{RUN_PREFIX}-{steps}x{shape.name}" if shape.median_len is None else f"{RUN_PREFIX}-{shape.name}-{steps}"
 
 
-def sampler_columns(old_logp, rng) -> dict:
-    """What a bf16 rollout engine reports next to the trainer's log-probs: a small gap on most tokens, a heavy
-    tail on a few (Student-t), and the untruncated log-prob a little below the renormalised one."""
-    import numpy as np
-
-    sampler_logp = np.minimum(0.0, old_logp + 0.02 * rng.standard_t(3, len(old_logp)))
-    return {"sampler_logp": sampler_logp, "sampler_logp_full": sampler_logp + np.log(rng.uniform(0.85, 1.0,
-                                                                                                    len(old_logp)))}
-
-
 def synthetic_step(step: int, shape: Shape, passes: int, rng) -> dict:
     """One step's tables (the keyword arguments of `RunWriter.log_step`), built with numpy in bulk.
 
-    Shaped like the engine's: groups of completions of an equation task (plus 2 eval prompts), log-probs, a
-    sampler's log-probs beside them, ratios that drift from 1 across passes, clip codes by the GRPO rule, token
-    TIS weights and token rejections as the corrections log them, reasoning steps over each completion."""
+    Shaped like the engine's: groups of completions of an equation task (plus 2 eval prompts), log-probs, ratios
+    that drift from 1 across passes, clip codes by the GRPO rule, reasoning steps over each completion, and a
+    sampler/trainer mismatch: sampler log-probs off the trainer's by N(0, 0.03) with a 5% tail of N(0, 0.3), token
+    TIS weights (truncated at 2) and seq_mean_k3 rejections in every pass, the step's `mismatch_*` metrics."""
     import numpy as np
 
     from engine.clip_codes import (
@@ -118,7 +109,7 @@ def synthetic_step(step: int, shape: Shape, passes: int, rng) -> dict:
         count_clip_events,
         fraction_column,
     )
-    from engine.correction_settings import REJECT_NONE, REJECT_TOKEN
+    from engine.correction_settings import REJECT_NONE, REJECT_SEQUENCE
 
     evals = 2
     sizes = np.array(shape.group_sizes)
@@ -144,15 +135,19 @@ def synthetic_step(step: int, shape: Shape, passes: int, rng) -> dict:
     ref_logp = old_logp + rng.normal(0, 0.05, len(rollout))
     token_adv = advantage[rollout]
     prm_count = shape.prm_steps_of(rng, lengths)  # (N,)
-    samples = sampler_columns(old_logp, rng)
+    log_ratio = np.where(rng.random(len(rollout)) < 0.05, rng.normal(0, 0.3, len(rollout)),
+                         rng.normal(0, 0.03, len(rollout)))  # old_logp - sampler_logp
+    sampler_logp = old_logp - log_ratio
     tokens = {"rollout_id": rollout, "position": position, "token_id": token_id, "token_text": text,
               "old_logp": old_logp, "ref_logp": ref_logp, "entropy": rng.gamma(2.0, 0.4, len(rollout)),
-              "advantage": token_adv, "prm_step": position * prm_count[rollout] // lengths[rollout], **samples}
+              "advantage": token_adv, "prm_step": position * prm_count[rollout] // lengths[rollout],
+              "sampler_logp": sampler_logp, "sampler_logp_full": sampler_logp - rng.exponential(0.01, len(rollout))}
     trained = rollout < n_train
-    # Token TIS (threshold 2) and token_k1 rejection outside [1/1.1, 1.1], the same in every pass.
-    log_is = old_logp[trained] - samples["sampler_logp"][trained]
-    is_weight = np.minimum(np.exp(log_is), 2.0)
-    rejected = np.where(np.abs(log_is) > np.log(1.1), REJECT_TOKEN, REJECT_NONE).astype(np.int8)
+    k3 = np.exp(log_ratio) - 1 - log_ratio
+    seq_k3 = np.bincount(rollout, k3) / lengths  # (N,) per-rollout mean
+    # seq_mean_k3 rejection at verl's 0.01 and token TIS at 2, the same in every pass
+    rejected = np.where(seq_k3[rollout] > 0.01, REJECT_SEQUENCE, REJECT_NONE).astype(np.int8)[trained]
+    is_weight = np.minimum(np.exp(log_ratio), 2.0)[trained]
     per_pass = []
     for p in range(passes):
         new_logp = old_logp[trained] + rng.normal(0, 0.08 * p, int(trained.sum()))
@@ -204,6 +199,13 @@ def synthetic_step(step: int, shape: Shape, passes: int, rng) -> dict:
         "truncated_frac": float((lengths[:n_train] == shape.max_len).mean()),
         "groups_kept": int(groups - (std == 0).sum()), "groups_filtered": int((std == 0).sum()), "gen_batches": 1,
         "loss": float(rng.normal()), "grad_norm": float(rng.random()), "lr": 1e-6,
+        # steps.extra, as engine.logrows.mismatch_metrics writes it (over the trained tokens)
+        "mismatch_kl": float(-log_ratio[trained].mean()), "mismatch_k3_kl": float(k3[trained].mean()),
+        "mismatch_chi2_token": float(np.exp(2 * log_ratio[trained]).mean() - 1),
+        "mismatch_out_of_band": float(((log_ratio[trained] < np.log(0.9)) | (log_ratio[trained] > np.log(1.1))).mean()),
+        "mismatch_mean_abs_log_ratio": float(np.abs(log_ratio[trained]).mean()),
+        "mismatch_rejected_token_share": float((rejected[trained] > 0).mean()),
+        "mismatch_is_weight_ess": float(is_weight[trained].mean() ** 2 / (is_weight[trained] ** 2).mean()),
     }
     return {"metrics": metrics, "rollouts": rollouts, "tokens": tokens, "token_passes": token_passes,
             "prm_steps": prm_steps}
@@ -287,7 +289,7 @@ def longest_rollout(logs_dir: Path, run: str) -> tuple[int, int, int]:
     return int(row["step"]), int(row["rollout_id"]), int(row["length"])
 
 
-def time_pages(logs_dir: Path, run: str, step: int, repeat: int) -> list[dict]:
+def time_pages(logs_dir: Path, run: str, step: int, repeat: int, pages: list[str] = PAGES) -> list[dict]:
     from streamlit.testing.v1 import AppTest
 
     os.environ["POLICYLENS_LOGS_DIR"] = str(logs_dir)
@@ -296,10 +298,12 @@ def time_pages(logs_dir: Path, run: str, step: int, repeat: int) -> list[dict]:
     at.query_params["step"] = step  # inside the largest chunk, not the small newest step folder
     at.run()
     rows = []
-    for page in PAGES:
+    for page in pages:
         at.switch_page(f"app_pages/{page}.py").run()  # warm-up: imports (torch for the weighting page)
         assert not at.exception, [e.message for e in at.exception]
         rows.append({"page": page, **time_reruns(at, repeat)})
+    if "algorithm_weighting" not in pages:
+        return rows
     # The heaviest view: every completion of the step through the six objectives at once.
     at.switch_page("app_pages/algorithm_weighting.py").run()
     at.radio(key="weigh_scope").set_value("the whole step")
@@ -385,6 +389,13 @@ def time_functions(logs_dir: Path, run: str, repeat: int) -> list[tuple[str, flo
           str(stats["token_text"].iloc[0]), 0, None)
     bins = timed(f"entropy_bins ({span})", queries.entropy_bins, logs, (run,), first, last, 10, version)
     timed("entropy_bin_bars figure", charts.entropy_bin_bars, bins, 10, queries.ASPO_ENTROPY_QUANTILE)
+    timed("mismatch_curves", queries.mismatch_curves, logs, (run,), version)
+    view = timed("step_mismatch (middle step)", queries.step_mismatch, logs, run, middle)
+    timed("mismatch figures", lambda: [charts.mismatch_histogram(view.histogram, (0.9, 1.1)),
+                                       charts.probability_scatter(view.probabilities, view.binned),
+                                       charts.mismatch_buckets(view.buckets), charts.sequence_mismatch(view.sequences)])
+    timed("correction_table (middle step)", queries.correction_table, logs, run, middle)
+    timed("correction_weights (1 group)", queries.correction_weights, logs, run, middle, group)
     batch = timed("batch_from_tokens (1 group)", recompute.batch_from_tokens, group_tokens)
     for algo in ALGORITHMS:
         timed(f"policy_loss {algo} (1 group)", recompute.weigh, batch, algo, {})
@@ -445,6 +456,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--runs", type=int, default=0, help="also time `policylens runs` over this many runs")
     parser.add_argument("--build-only", action="store_true", help="write the run (if missing) and stop")
     parser.add_argument("--skip-pages", action="store_true", help="functions only, no AppTest page renders")
+    parser.add_argument("--pages", default=",".join(PAGES), help="the pages to render, comma separated")
+    parser.add_argument("--skip-functions", action="store_true", help="pages only")
     args = parser.parse_args(argv)
     logs_dir = Path(args.logs_dir).resolve()
     shape = LONG_SHAPE if args.shape == "long" else short_shape(args.groups, args.group_size, args.length)
@@ -461,15 +474,16 @@ def main(argv: list[str] | None = None) -> int:
     streamlit.logger.set_log_level("error")  # AppTest's "no runtime" warnings, one per cached function
     torch.set_num_threads(1)
     run_dir_logs = logs_dir  # the dashboard sees every run of this folder, as a user's would
-    print(f"\nquery and figure functions (uncached, median of {args.repeat}):")
-    print(f"  {'':<40} {'wall':>11} {'cpu':>11}")
-    for name, seconds, cpu in time_functions(run_dir_logs, run, args.repeat):
-        print(f"  {name:<40} {seconds * 1000:8.1f} ms {cpu * 1000:8.1f} ms")
+    if not args.skip_functions:
+        print(f"\nquery and figure functions (uncached, median of {args.repeat}):")
+        print(f"  {'':<40} {'wall':>11} {'cpu':>11}")
+        for name, seconds, cpu in time_functions(run_dir_logs, run, args.repeat):
+            print(f"  {name:<40} {seconds * 1000:8.1f} ms {cpu * 1000:8.1f} ms")
     if not args.skip_pages:
         print(f"\npage render at step {(args.steps - 1) // 2}, server time (AppTest, median of {args.repeat}):")
         print(f"  {'page':<22} {'new reader':>10} {'cold (s)':>9} {'warm (s)':>9}")
         step = (args.steps - 1) // 2
-        for row in time_pages(run_dir_logs, run, step, args.repeat):
+        for row in time_pages(run_dir_logs, run, step, args.repeat, args.pages.split(",")):
             print(f"  {row['page']:<22} {row['new reader']:10.3f} {row['cold']:9.3f} {row['warm']:9.3f}")
     print(f"\npeak resident memory of this process (the dashboard server): {peak_rss_mb():.0f} MB")
     return 0

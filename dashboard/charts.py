@@ -352,12 +352,14 @@ def _zero_line() -> dict:
             "line": {"color": "#888", "width": 1}}
 
 
-def weight_heatmaps(weights: dict[str, np.ndarray], row_labels: list[str]) -> go.Figure:
-    """Side-by-side heatmaps of gradient weight (B, T) per algorithm on one shared scale centred at 0."""
+def weight_heatmaps(weights: dict[str, np.ndarray], row_labels: list[str], centre: float = 0.0,
+                    label: str = "grad weight") -> go.Figure:
+    """Side-by-side heatmaps of a weight (B, T) per algorithm or correction on one shared scale centred at
+    `centre` (0 for gradient weights, 1 for IS weights and masks)."""
     names = list(weights)
     rows, cols = _grid(len(names), cols=3)
     finite = np.concatenate([w[np.isfinite(w)].ravel() for w in weights.values()] or [np.zeros(1)])
-    spread = float(np.abs(finite).max()) if finite.size else 1.0
+    spread = float(np.abs(finite - centre).max()) if finite.size else 1.0
     spread = spread or 1.0
     row_height = 40 + 16 * len(row_labels)  # pixels per panel, so labels stay readable for any B
     height = rows * (row_height + 70) + 40
@@ -366,9 +368,9 @@ def weight_heatmaps(weights: dict[str, np.ndarray], row_labels: list[str]) -> go
         # NaN (padding) travels as NaN in plotly's binary arrays and leaves the cell blank.
         grid.add(i, {
             "type": "heatmap", "z": np.asarray(weights[name], dtype=float), "y": row_labels,
-            "colorscale": _scale("RdBu"), "zmid": 0, "zmin": -spread, "zmax": spread, "showscale": i == 0,
-            "colorbar": {"title": {"text": "grad weight", "side": "right"}, "len": 0.8},
-            "hovertemplate": name + "<br>%{y} token %{x}<br>weight %{z:.3g}<extra></extra>",
+            "colorscale": _scale("RdBu"), "zmid": centre, "zmin": centre - spread, "zmax": centre + spread,
+            "showscale": i == 0, "colorbar": {"title": {"text": label, "side": "right"}, "len": 0.8},
+            "hovertemplate": _name(name) + "<br>%{y} token %{x}<br>weight %{z:.3g}<extra></extra>",
         })
         grid.axis(i, "y").update(autorange="reversed", tickfont={"size": 10}, automargin=True,
                                  showticklabels=i % cols == 0)
@@ -700,3 +702,84 @@ def advantage_schemes(schemes: pd.DataFrame, titles: list[tuple[str, str]], labe
                                                                                    "dash": "dot"}})
     return grid.figure(height=max(300, 210 * n), shapes=shapes, margin={"l": 50, "r": 10, "t": 40, "b": 40},
                        legend={"orientation": "h", "y": 1.0 + 0.12 / n, "yanchor": "bottom"})
+
+
+# ---------------------------------------------------------------- sampler/trainer mismatch (dashboard.mismatch)
+
+
+def _band_lines(axis: str, values: tuple[float, float]) -> list[dict]:
+    """Dotted lines at the band's edges along one axis ("x": vertical lines)."""
+    other = "y" if axis == "x" else "x"
+    return [{"type": "line", "xref": "x" if axis == "x" else "paper", "yref": "paper" if axis == "x" else "y",
+             f"{axis}0": v, f"{axis}1": v, f"{other}0": 0, f"{other}1": 1,
+             "line": {"color": "#888", "width": 1, "dash": "dot"}} for v in values]
+
+
+def mismatch_histogram(histogram: pd.DataFrame, band: tuple[float, float]) -> go.Figure:
+    """Token log-ratios log(pi_trainer / pi_sampler) of one step (`dashboard.mismatch.histogram`), log count axis,
+    dotted lines at the band's edges."""
+    centres = ((histogram["left"] + histogram["right"]) / 2).to_numpy(dtype=float)
+    width = float((histogram["right"] - histogram["left"]).iloc[0]) if len(histogram) else 1.0
+    bars = {"type": "bar", "x": centres, "y": histogram["tokens"].to_numpy(dtype=float), "width": width,
+            "marker": {"color": "#1f77b4"}, "hovertemplate": "log-ratio %{x:.3g}<br>%{y} tokens<extra></extra>"}
+    return go.Figure(data=[bars], layout={
+        "height": 300, "margin": {"l": 50, "r": 10, "t": 30, "b": 40}, "bargap": 0,
+        "xaxis": {"title": {"text": "log π_trainer − log π_sampler (outermost bins hold the tails)"}},
+        "yaxis": {"type": "log", "title": {"text": "tokens"}},
+        "shapes": _band_lines("x", tuple(math.log(b) for b in band))}, _validate=False)
+
+
+def probability_scatter(points: pd.DataFrame, binned: bool) -> go.Figure:
+    """Trainer against sampler probability of each token (`dashboard.mismatch.probability_points`); binned: one
+    square per grid cell, coloured by how many tokens it holds."""
+    counts = points["tokens"].to_numpy(dtype=float)
+    marker = ({"size": 5, "symbol": "square", "color": np.log10(counts), "colorscale": _scale("Viridis"),
+               "showscale": True, "colorbar": {"title": {"text": "log10 tokens"}}} if binned
+              else {"size": 4, "color": "#1f77b4", "opacity": 0.6})
+    dots = {"type": "scattergl" if len(points) > 1000 else "scatter", "mode": "markers",
+            "x": points["trainer_p"].to_numpy(dtype=float), "y": points["sampler_p"].to_numpy(dtype=float),
+            "customdata": counts, "marker": marker,
+            "hovertemplate": "trainer %{x:.3f}<br>sampler %{y:.3f}" + ("<br>%{customdata} tokens" if binned else "")
+            + "<extra></extra>"}
+    diagonal = {"type": "scatter", "mode": "lines", "x": [0, 1], "y": [0, 1], "hoverinfo": "skip",
+                "line": {"color": "#888", "width": 1, "dash": "dot"}}
+    return go.Figure(data=[diagonal, dots], layout={
+        "height": 360, "showlegend": False, "margin": {"l": 50, "r": 10, "t": 30, "b": 40},
+        "xaxis": {"title": {"text": "trainer probability (old_logp)"}, "range": [-0.02, 1.02]},
+        "yaxis": {"title": {"text": "sampler probability"}, "range": [-0.02, 1.02], "scaleanchor": "x"}},
+        _validate=False)
+
+
+def mismatch_buckets(buckets: pd.DataFrame) -> go.Figure:
+    """Share of tokens outside the band per bucket (`dashboard.mismatch.buckets`), one panel per bucketing."""
+    kinds = list(dict.fromkeys(buckets["by"]))
+    titles = {"probability": "by trainer probability", "entropy": "by entropy (nats)", "position": "by position"}
+    grid = Subplots(1, max(1, len(kinds)), [titles.get(k, k) for k in kinds], hspace=0.06)
+    for i, kind in enumerate(kinds):
+        part = buckets[buckets["by"] == kind].sort_values("order")
+        grid.add(i, {"type": "bar", "x": part["bucket"].astype(str).tolist(),
+                     "y": part["out_of_band"].to_numpy(dtype=float), "customdata": part["tokens"].to_numpy(),
+                     "marker": {"color": "#d62728"}, "showlegend": False,
+                     "hovertemplate": "%{x}<br>outside the band %{y:.1%}<br>%{customdata} tokens<extra></extra>"})
+        grid.axis(i, "x").update(type="category")
+        grid.axis(i, "y").update(tickformat=".0%", rangemode="tozero")
+    return grid.figure(height=300, margin={"l": 50, "r": 10, "t": 40, "b": 40})
+
+
+def sequence_mismatch(sequences: pd.DataFrame) -> go.Figure:
+    """Per sequence: its summed log-ratio (the log of its sequence IS ratio) against its reward and its advantage."""
+    grid = Subplots(1, 2, ["reward", "advantage"], hspace=0.08)
+    x = sequences["sum_log_ratio"].to_numpy(dtype=float)
+    for i, column in enumerate(("reward", "advantage")):
+        grid.add(i, {"type": "scatter", "mode": "markers", "x": x,
+                     "y": pd.to_numeric(sequences[column], errors="coerce").to_numpy(dtype=float),
+                     "customdata": np.stack([sequences["rollout_id"].to_numpy(dtype=float),
+                                             sequences["out_of_band"].to_numpy(dtype=float)], axis=-1),
+                     "marker": {"size": 6, "color": sequences["out_of_band"].to_numpy(dtype=float),
+                                "colorscale": _scale("Reds"), "cmin": 0, "showscale": i == 0,
+                                "colorbar": {"title": {"text": "outside band"}}},
+                     "showlegend": False,
+                     "hovertemplate": f"rollout %{{customdata[0]}}<br>Σ log-ratio %{{x:.3g}}<br>{column} %{{y:.3g}}"
+                                      "<br>outside the band %{customdata[1]:.1%}<extra></extra>"})
+        grid.axis(i, "x").update(title={"text": "Σ_t log-ratio of the sequence"})
+    return grid.figure(height=320, margin={"l": 50, "r": 10, "t": 40, "b": 50})

@@ -755,3 +755,60 @@ def covariance_per_step(reader, run: str, first: int, last: int) -> pd.DataFrame
         """,
         {"run": run, "first": first, "last": last},
     )
+
+
+# ---------------------------------------------------------------- sampler/trainer mismatch
+
+# The step metrics of the Mismatch page's curves: keys of `steps.extra` the trainer writes per step
+# (engine.logrows.mismatch_metrics: engine.corrections.offpolicy_metrics, plus is_weight_* and rejected_* with a
+# correction on), each with its title. Written into the SQL from this list only, never from a user's value.
+MISMATCH_CURVES: list[tuple[str, str]] = [
+    ("mismatch_kl", "mismatch KL(sampler ‖ trainer)"),
+    ("mismatch_chi2_token", "chi-square (token)"),
+    ("mismatch_out_of_band", "share of tokens outside [0.9, 1.1]"),
+    ("mismatch_mean_abs_log_ratio", "mean |log-ratio|"),
+    ("mismatch_rejected_token_share", "rejection rate (tokens)"),
+    ("mismatch_is_weight_ess", "IS weight ESS"),
+    ("mismatch_ess", "ESS of the raw ratio"),
+    ("mismatch_chi2_seq", "chi-square (sequence)"),
+]
+
+
+def _extra_number(key: str) -> str:
+    """SQL for one number of the `steps.extra` JSON (NULL when absent, not a number, or the JSON is unreadable)."""
+    return f"CASE WHEN json_valid(extra) THEN TRY_CAST(extra->>'{key}' AS DOUBLE) END AS \"{key}\""
+
+
+def mismatch_runs(reader) -> list[str]:
+    """The runs whose steps logged a sampler/trainer mismatch (`mismatch_kl` in `steps.extra`), by name."""
+    frame = reader.sql(f"SELECT DISTINCT run FROM (SELECT run, {_extra_number('mismatch_kl')} FROM steps) "
+                       "WHERE mismatch_kl IS NOT NULL ORDER BY run")
+    return [str(r) for r in frame["run"]]
+
+
+def mismatch_curves(reader, runs: tuple[str, ...]) -> pd.DataFrame:
+    """Per run and step: every `MISMATCH_CURVES` metric (NULL where the step did not log it)."""
+    columns = ", ".join(_extra_number(key) for key, _ in MISMATCH_CURVES)
+    return reader.sql(f"SELECT run, step, {columns} FROM steps WHERE list_contains(?, run) ORDER BY run, step",
+                      [list(runs)])
+
+
+def sampler_tokens(reader, run: str, step: int, rollout_ids: tuple[int, ...] | None = None,
+                   everything: bool = True) -> pd.DataFrame:
+    """The tokens of a step's trained rollouts (train, not dropped by dynamic sampling; only `rollout_ids` when
+    given) that have both the sampler's and the trainer's log-prob, with `log_ratio` = old_logp - sampler_logp,
+    log(pi_trainer / pi_sampler). `everything=False`: only rollout_id, position, log_ratio and advantage (what the
+    corrections need; decoding the token texts is most of the query's time)."""
+    more = "t.token_text, t.old_logp, t.sampler_logp, t.sampler_logp_full, t.entropy," if everything else ""
+    return reader.sql(
+        f"""SELECT t.rollout_id, t.position, {more} t.old_logp - t.sampler_logp AS log_ratio, t.advantage
+           FROM tokens t SEMI JOIN (
+               SELECT rollout_id FROM rollouts
+               WHERE run = $run AND step = $step AND kind = 'train' AND NOT coalesce(filtered, false)
+                     AND ($ids IS NULL OR list_contains($ids, rollout_id))
+           ) r ON r.rollout_id = t.rollout_id
+           WHERE t.run = $run AND t.step = $step AND isfinite(t.old_logp - t.sampler_logp)
+           ORDER BY t.rollout_id, t.position""",
+        {"run": run, "step": step, "ids": None if rollout_ids is None else list(rollout_ids)},
+    )
+

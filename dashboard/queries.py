@@ -220,3 +220,49 @@ def covariance_drivers(logs_dir: str, run: str, first: int, last: int, bucket: i
 @st.cache_data(ttl=RUN_TTL, show_spinner=False)
 def covariance_per_step(logs_dir: str, run: str, first: int, last: int, version: tuple) -> pd.DataFrame:
     return data.covariance_per_step(get_reader(logs_dir), run, first, last)
+
+
+# ---------------------------------------------------------------- sampler/trainer mismatch
+
+
+@st.cache_data(ttl=LIVE_TTL, show_spinner=False)
+def mismatch_runs(logs_dir: str) -> list[str]:
+    return data.mismatch_runs(get_reader(logs_dir))
+
+
+@st.cache_data(ttl=RUN_TTL, show_spinner=False)
+def mismatch_curves(logs_dir: str, runs: tuple[str, ...], version: tuple) -> pd.DataFrame:
+    return data.mismatch_curves(get_reader(logs_dir), runs)
+
+
+@st.cache_data(ttl=STEP_TTL, show_spinner=False)
+def step_mismatch(logs_dir: str, run: str, step: int):
+    """`dashboard.mismatch.StepMismatch` of the step (its small frames only are cached), None when no token of
+    the step has a sampler log-prob."""
+    from dashboard import mismatch
+
+    tokens = data.sampler_tokens(get_reader(logs_dir), run, step)
+    if tokens.empty:
+        return None
+    return mismatch.step_mismatch(tokens, data.step_rollouts(get_reader(logs_dir), run, step, "train"))
+
+
+@st.cache_data(ttl=STEP_TTL, show_spinner=False)
+def correction_table(logs_dir: str, run: str, step: int) -> pd.DataFrame:
+    """Every correction on the whole step (`dashboard.recompute.correction_table`; imports torch)."""
+    from dashboard import recompute
+
+    _, effects = recompute.correction_effects(data.sampler_tokens(get_reader(logs_dir), run, step, everything=False))
+    return recompute.correction_table(effects)
+
+
+@st.cache_data(ttl=STEP_TTL, show_spinner=False)
+def correction_weights(logs_dir: str, run: str, step: int, rollout_ids: tuple[int, ...]
+                       ) -> tuple[list[int], dict]:
+    """(rollout ids, {correction: (B, T) weight}) for some rollouts of the step: every correction works row by row,
+    so these rows' weights are those of the whole step's (imports torch)."""
+    from dashboard import recompute
+
+    ids, effects = recompute.correction_effects(data.sampler_tokens(get_reader(logs_dir), run, step, rollout_ids,
+                                                                    everything=False))
+    return ids, {effect.name: effect.weight for effect in effects}

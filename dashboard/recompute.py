@@ -11,6 +11,7 @@ Algorithm weighting page draws its pickers and knob table (`author_knobs`) befor
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -21,10 +22,13 @@ from engine.algorithms import ALGORITHMS, defaults, objective, resolve
 from engine.clip_codes import CLIP_NAMES, clip_fractions, count_clip_events
 
 if TYPE_CHECKING:
+    import torch
+
     from engine.logrows import LoggedBatch
 
-__all__ = ["IMPOSSIBLE", "KNOBS", "SCHEMES", "Weighting", "advantage_schemes", "author_knobs", "batch_from_tokens",
-           "clip_fraction_row", "clip_region", "process_sandbox", "weigh", "weight_curves", "whitened"]
+__all__ = ["IMPOSSIBLE", "KNOBS", "SCHEMES", "CorrectionEffect", "Weighting", "advantage_schemes", "author_knobs",
+           "batch_from_tokens", "clip_fraction_row", "clip_region", "correction_effects", "correction_table",
+           "process_sandbox", "weigh", "weight_curves", "whitened"]
 
 KNOBS = ("eps_low", "eps_high", "beta")
 
@@ -212,3 +216,92 @@ def whitened(batch: LoggedBatch, mean: float, std: float) -> LoggedBatch:
     from dataclasses import replace
 
     return replace(batch, advantages=(batch.advantages - mean) / std * batch.mask)
+
+
+# ---------------------------------------------------------------- mismatch corrections on a step's tokens
+
+# Thresholds of each verl rejection option in the Mismatch page's comparison: verl 0.9.1's presets where it has one
+# (engine.correction_settings.RS_PRESET_THRESHOLDS), else chosen here to match TIS's band [0.5, 2]: k1 "0.5_2.0";
+# k2 = (log 2)^2 / 2 ~ 0.24 and k3 = 2 - 1 - log 2 ~ 0.31, the values at ratio 2, for the per-token and max options;
+# the per-sequence means and sums, 0.01 (verl's seq_mean_k3 preset) and 0.5.
+REJECTION_THRESHOLDS = {
+    "token_k1": "0.5_2.0", "token_k2": "0.24", "token_k3": "0.31",
+    "seq_sum_k1": None, "seq_sum_k2": "0.5", "seq_sum_k3": "0.5",
+    "seq_mean_k1": None, "seq_mean_k2": "0.01", "seq_mean_k3": None,
+    "seq_max_k2": "0.24", "seq_max_k3": "0.31",
+}
+OFF_POLICY_DELTA = 0.5  # TRL's documented example for off_policy_mask_threshold
+UNCHANGED = 1e-9  # a weight within this of 1 leaves its token as it was
+
+
+@dataclass
+class CorrectionEffect:
+    """What one correction does to a step's tokens: its (B, T) loss weight (0 = out of the loss, NaN on padding)."""
+
+    name: str
+    source: str
+    weight: np.ndarray  # (B, T)
+
+
+def _token_grid(tokens: pd.DataFrame) -> tuple[list[int], torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(rollout ids, log_ratio, mask, advantages), each (B, T) float32 (as the trainer's tensors), from
+    `data.sampler_tokens` rows."""
+    import torch
+
+    ids, rows = np.unique(tokens["rollout_id"].to_numpy(dtype=np.int64), return_inverse=True)
+    cols = tokens["position"].to_numpy(dtype=np.int64)
+    shape = (len(ids), int(cols.max()) + 1 if len(cols) else 1)
+    grids = []
+    for column in ("log_ratio", "advantage"):
+        grid = np.zeros(shape, dtype=np.float32)  # (B, T)
+        grid[rows, cols] = np.nan_to_num(pd.to_numeric(tokens[column], errors="coerce").to_numpy(dtype=float))
+        grids.append(torch.from_numpy(grid))
+    mask = np.zeros(shape, dtype=np.float32)
+    mask[rows, cols] = 1.0
+    return [int(i) for i in ids], grids[0], torch.from_numpy(mask), grids[1]
+
+
+def correction_effects(tokens: pd.DataFrame) -> tuple[list[int], list[CorrectionEffect]]:
+    """Every correction of `engine.corrections` applied to a step's logged log-ratios (old_logp - sampler_logp):
+    verl's TIS and IcePop at token and sequence level, each verl rejection option (REJECTION_THRESHOLDS), TRL's four
+    IS modes (C_max 3.0, its default) and the off-policy mask (delta OFF_POLICY_DELTA, with the logged old log-probs
+    as the trainer's current ones: the first pass). Returns the rows' rollout ids and one effect per correction."""
+    from engine import corrections as c
+    from engine.correction_settings import RS_PRESET_THRESHOLDS, TRL_IS_CLIP_MAX, VERL_IS_THRESHOLD
+
+    ids, lr, mask, advantages = _token_grid(tokens)
+    verl = "verl 0.9.1"
+    made = [
+        (f"TIS token (≤ {VERL_IS_THRESHOLD:g})", verl, c.is_weights(lr, mask, "token", VERL_IS_THRESHOLD)),
+        (f"TIS sequence (≤ {VERL_IS_THRESHOLD:g})", verl, c.is_weights(lr, mask, "sequence", VERL_IS_THRESHOLD)),
+        ("IcePop token [0.5, 5]", verl, c.is_weights(lr, mask, "token", "0.5_5.0")),
+        ("IcePop sequence [0.5, 5]", verl, c.is_weights(lr, mask, "sequence", "0.5_5.0")),
+    ]
+    for option, threshold in REJECTION_THRESHOLDS.items():
+        shown = threshold or RS_PRESET_THRESHOLDS[option]
+        source = f"{verl}{' preset' if threshold is None else ''}"
+        made.append((f"reject {option} ({shown})", source, c.rejection_mask(lr, mask, option, threshold)))
+    for mode in c.TRL_IS_MODES:
+        made.append((f"TRL {mode} (C_max {TRL_IS_CLIP_MAX:g})", "TRL 1.16",
+                     c.trl_is_ratio(lr, mask, mode, None, TRL_IS_CLIP_MAX)))
+    made.append((f"off-policy mask (δ {OFF_POLICY_DELTA:g})", "TRL 1.16 / DeepSeek-V3.2",
+                 c.off_policy_mask(lr, mask, advantages, OFF_POLICY_DELTA)))
+    on = mask.numpy() > 0
+    return ids, [CorrectionEffect(name, source, np.where(on, weight.numpy(), np.nan)) for name, source, weight in made]
+
+
+def correction_table(effects: list[CorrectionEffect]) -> pd.DataFrame:
+    """One row per correction: the share of the step's tokens it drops (weight 0) and reweights (weight other than
+    0 and 1), the sequences it touches, its weights' mean, min and max, and their effective sample size
+    mean(w)^2 / mean(w^2) (1: every token counts alike; NaN when every weight is 0)."""
+    rows = []
+    for effect in effects:
+        w = effect.weight[np.isfinite(effect.weight)]
+        dropped, reweighted = w == 0, (w != 0) & (np.abs(w - 1) > UNCHANGED)
+        touched = (np.abs(np.nan_to_num(effect.weight, nan=1.0) - 1) > UNCHANGED).any(axis=1)  # (B,)
+        mean_sq = float((w**2).mean()) if w.size else math.nan
+        rows.append({"correction": effect.name, "source": effect.source, "tokens dropped": dropped.mean(),
+                     "tokens reweighted": reweighted.mean(), "sequences touched": int(touched.sum()),
+                     "weight mean": w.mean(), "weight min": w.min(), "weight max": w.max(),
+                     "ESS": w.mean() ** 2 / mean_sq if mean_sq > 0 else math.nan})
+    return pd.DataFrame(rows)

@@ -1,7 +1,8 @@
 """A run as one self-contained HTML file, for a reader without Python: `policylens report RUN -o run.html`.
 
 The file holds the run's config, its metric curves, one step's groups, one rollout token by token (hover a token
-for its values) and the step's clipping and gradient-weight summary. It needs no server and makes no request:
+for its values), the step's clipping and gradient-weight summary and, for a run with sampler log-probs, the step's
+sampler/trainer mismatch. It needs no server and makes no request:
 plotly's JavaScript is embedded once and every figure's data is inline.
 
 Nothing here draws by itself: the figures are the dashboard's (`dashboard.charts`), the tokens are rendered by the
@@ -25,9 +26,10 @@ import pandas as pd
 import plotly.io as pio
 from plotly.offline import get_plotlyjs
 
-from dashboard import charts, data
+from dashboard import charts, data, mismatch
 from dashboard.tokens import CHANNELS, is_missing, number, plain, token_heatmap_html
 from engine.clip_codes import CLIP_EVENTS, CLIP_NAMES
+from engine.correction_settings import RATIO_BAND
 
 # Numbers of the chosen step shown at the top: (column of the `steps` view, label).
 KEY_METRICS = [
@@ -196,6 +198,7 @@ def build_report(logs_dir: str, run: str, step: int | None = None, rollout_id: i
         _groups(page, reader, run, step, rollouts)
         _rollout(page, reader, run, step, rollout, channel)
         _clipping(page, reader, run, step, str(info["algorithm"]))
+        _mismatch(page, reader, run, step, rollouts)
     page.add("<h2>Config</h2>")
     page.add(html_table(_config_table(run, info["config"])))
     return page.html(f"PolicyLens · {run} · step {step}")
@@ -272,6 +275,28 @@ def _clipping(page: _Page, reader, run: str, step: int, algorithm: str) -> None:
     page.add("<p>Each trained completion's summed gradient weight (its last pass) against its length.</p>")
     page.figure(charts.total_weight_vs_length(
         totals.assign(algorithm=algorithm, completion=[f"rollout {r}" for r in totals["rollout_id"]])))
+
+
+def _mismatch(page: _Page, reader, run: str, step: int, rollouts: pd.DataFrame) -> None:
+    """The step's sampler/trainer mismatch, as the Mismatch page shows it (nothing for a run without sampler
+    log-probs)."""
+    tokens = data.sampler_tokens(reader, run, step)
+    if tokens.empty:
+        return
+    view = mismatch.step_mismatch(tokens, rollouts[rollouts["kind"] == "train"])
+    low, high = RATIO_BAND
+    page.add(f"<h2>Sampler/trainer mismatch at step {step}</h2>")
+    page.add(f"<p>log-ratio = old_logp − sampler_logp = log(π_trainer / π_sampler) of each trained token; a token is "
+             f"outside the band when its ratio leaves [{low:g}, {high:g}].</p>")
+    labels = {"tokens": "tokens", "sequences": "sequences", "mean_log_ratio": "mean log-ratio",
+              "mean_abs_log_ratio": "mean |log-ratio|", "max_abs_log_ratio": "max |log-ratio|",
+              "out_of_band": f"share outside [{low:g}, {high:g}]",
+              "truncation_share": "share of mean |log-ratio| from top-p / top-k truncation"}
+    page.add(html_table(pd.DataFrame([(labels[k], v) for k, v in view.summary.items()], columns=["metric", "value"])))
+    page.figure(charts.mismatch_histogram(view.histogram, RATIO_BAND))
+    page.figure(charts.mismatch_buckets(view.buckets))
+    page.add("<p>Token texts with the most tokens outside the band (their worst occurrence: rollout, position).</p>")
+    page.add(html_table(view.by_text.assign(token_text=view.by_text["token_text"].map(charts.token_as_text))))
 
 
 def write_report(text: str, path: str | os.PathLike) -> int:

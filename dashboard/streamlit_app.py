@@ -146,6 +146,7 @@ page = st.navigation(
                 url_path="advantages"),
         st.Page(PAGES_DIR / "algorithm_weighting.py", title="Algorithm weighting", icon=":material/balance:",
                 url_path="weighting"),
+        st.Page(PAGES_DIR / "mismatch.py", title="Mismatch", icon=":material/compare_arrows:", url_path="mismatch"),
     ]
 )
 # The page runs inside the script run, not as a fragment of its own: a fragment rerun calls `page.run()` a second

@@ -59,6 +59,8 @@ RS_OPTIONS = (
 )
 TOKEN_RS_OPTIONS = ("token_k1", "token_k2", "token_k3")
 
+RATIO_BAND = (0.9, 1.1)  # the band of TRL issue 6789's figure: a token is "off" when its ratio leaves it
+
 VERL_IS_THRESHOLD = 2.0  # verl RolloutCorrectionConfig.rollout_is_threshold default (TIS, Yao et al. 2025: C = 2)
 TRL_IS_CLIP_MAX = 3.0  # TRL GRPOConfig.vllm_importance_sampling_clip_max default
 # verl 0.9.1's presets (RolloutCorrectionConfig.decoupled_seq_is_rs, decoupled_geo_rs, decoupled_k3_rs): the

@@ -59,6 +59,7 @@ from dataclasses import dataclass, replace
 import torch
 
 from engine.correction_settings import (
+    RATIO_BAND,
     REJECT_IS_ZERO,
     REJECT_OFF_POLICY,
     REJECT_SEQUENCE,
@@ -75,7 +76,6 @@ from engine.correction_settings import (
 )
 
 SAFETY_BOUND = 20.0  # verl's clamp of log-ratios before exp and its rejection statistics (exp(20) ~ 4.9e8)
-RATIO_BAND = (0.9, 1.1)  # the band of TRL issue 6789's figure: a token is "off" when its ratio leaves it
 GEO_WEIGHT_EPS = 1e-10  # verl compute_policy_loss_geo_mean: log(w + 1e-10) when folding token weights per sequence
 
 

@@ -1,4 +1,4 @@
-"""The demo comparison: one task, one seed, one warm-started model, trained six ways, logging live.
+"""The demo comparison: one task, one seed, one warm-started model, trained seven ways, logging live.
 
 `policylens demo` (the README's run command) starts it in the background when the logs folder holds no demo runs
 yet, then serves the dashboard, which shows the runs filling in. The dashboard's empty state starts the same demo
@@ -8,7 +8,7 @@ How it runs:
 1. One supervisor process (`python -m engine.demo`) owns the demo; its pid is kept in `<logs>/.demo/pid`, so a
    second start while it lives is a no-op.
 2. The first run builds the shared cached warm start alone, on every core (it reports its SFT progress in
-   `<logs>/.demo/warmstart.json`); once it has logged its first step the other five start, and all six train
+   `<logs>/.demo/warmstart.json`); once it has logged its first step the other six start, and all seven train
    side by side, each in its own `policylens train` process with one thread, so all curves fill in together.
 3. Runs already finished are kept; runs stopped or crashed part way are resumed (losing at most the step in
    flight); `--fresh` deletes the demo runs (and only those) and trains them again.
@@ -38,6 +38,7 @@ class DemoRun:
     name: str
     algo: str
     supervision: str = "outcome"
+    flags: tuple[str, ...] = ()  # more `policylens train` flags of this run
 
 
 DEMO_RUNS = (
@@ -47,10 +48,13 @@ DEMO_RUNS = (
     DemoRun("demo-gspo", "gspo"),
     DemoRun("demo-aspo", "aspo"),
     DemoRun("demo-ppo", "ppo"),  # the critic GRPO removed: the Advantages page compares it with GRPO's schemes
+    # GRPO sampled as an asynchronous rollout engine would: a bfloat16 copy of the policy two updates behind, so
+    # the Mismatch page shows a real sampler/trainer gap next to demo-grpo's
+    DemoRun("demo-grpo-bf16-lag2", "grpo", flags=("--sampler-dtype", "bfloat16", "--sampler-lag", "2")),
 )
 DEMO_TASK = "linear"
 DEMO_SEED = 0
-# Chosen so that the six runs finish in under 20 minutes on 2 CPU cores (measured: see docs/benchmarks.md).
+# Chosen so that the seven runs finish in under 20 minutes on 2 CPU cores (docs/benchmarks.md, docs/mismatch.md).
 DEMO_STEPS = 40
 DEMO_EVAL_EVERY = 5
 WARM_START_PROGRESS = "warmstart.json"
@@ -171,6 +175,7 @@ def _train_command(run: DemoRun, logs_dir: Path, resume: bool, train_args: list[
         "--eval-every", str(DEMO_EVAL_EVERY),
         "--seed", str(DEMO_SEED),
         "--run-name", run.name,
+        *run.flags,
         *train_args,
     ]  # fmt: skip
 

@@ -36,6 +36,7 @@ PAGES = {  # file name -> (url path, extra query parameters)
     # every run on the same held-out prompt (by default one with a negative answer: the minus sign's story)
     "token_trajectories": ("trajectories", {}),
     "token_stats": ("token-stats", {}),
+    "mismatch": ("mismatch", {}),
 }
 
 
@@ -131,6 +132,17 @@ def process_supervised_run(logs_dir: str, preferred: str) -> str:
     return preferred if preferred in set(runs) or runs.empty else str(runs.iloc[0])
 
 
+def mismatched_run(logs_dir: str, preferred: str) -> str:
+    """`preferred` if its sampler differed from its trainer (a bfloat16 / float16 sampler or a lag), else the first
+    run whose did (the demo's demo-grpo-bf16-lag2), else `preferred`."""
+    from engine.runlog import RunReader
+
+    runs = RunReader(logs_dir).sql(
+        "SELECT run FROM runs WHERE coalesce(json_extract_string(config, '$.sampler_dtype'), 'float32') <> 'float32' "
+        "OR coalesce(TRY_CAST(json_extract_string(config, '$.sampler_lag') AS INTEGER), 0) > 0 ORDER BY run")["run"]
+    return preferred if preferred in set(runs) or runs.empty else str(runs.iloc[0])
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--logs-dir", default="logs")
@@ -153,6 +165,8 @@ def main(argv: list[str] | None = None) -> int:
             params = {"run": run, **extra}
             if rollout is not None and name == "token_inspector":
                 params["rollout"] = str(rollout)
+            if name == "mismatch":
+                params["run"] = mismatched_run(args.logs_dir, run)
             if name == "prm_steps":
                 prm_run = process_supervised_run(args.logs_dir, run)
                 params["run"] = prm_run

@@ -77,9 +77,12 @@ def tiny_run(tmp_path_factory, run_tiny):
 
 @pytest.fixture(scope="session")
 def tiny_process_run(tmp_path_factory, run_tiny):
-    """(logs_dir, run_name) of a finished 3-step GRPO run with process supervision (PRM step rewards)."""
+    """(logs_dir, run_name) of a finished 3-step GRPO run with process supervision (PRM step rewards), sampled by a
+    bfloat16 copy of the policy one update behind, so its sampler and trainer log-probs really differ (the Mismatch
+    page has data)."""
     logs_dir = tmp_path_factory.mktemp("logs-process")
-    run_tiny(logs_dir, "tiny-grpo-process", algo="grpo", supervision="process", steps=3)
+    run_tiny(logs_dir, "tiny-grpo-process", algo="grpo", supervision="process", steps=3, sampler_dtype="bfloat16",
+             sampler_lag=1)
     return logs_dir, "tiny-grpo-process"
 
 

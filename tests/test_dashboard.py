@@ -394,7 +394,7 @@ def test_a_running_run_shows_new_steps_on_the_next_rerun(tmp_path, monkeypatch):
 
 PAGES = {"runs": "Runs", "replay": "Replay", "groups": "Groups", "token_inspector": "Token inspector",
          "prm_steps": "PRM steps", "advantages": "Advantages", "algorithm_weighting": "Algorithm weighting",
-         "token_stats": "Token statistics", "token_trajectories": "Token trajectories"}
+         "token_stats": "Token statistics", "token_trajectories": "Token trajectories", "mismatch": "Mismatch"}
 
 
 def markdown_bodies(at: AppTest) -> list[str]:
@@ -436,7 +436,7 @@ def test_logged_text_is_shown_as_text_on_every_page(hostile_logs, monkeypatch):
     filtered = int(rollouts[rollouts["filtered"]]["rollout_id"].iloc[0])
     for page, query in [("runs", {}), ("replay", {}), ("groups", {}), ("prm_steps", {}),
                         ("token_inspector", {"rollout": filtered}), ("algorithm_weighting", {}),
-                        ("advantages", {}), ("token_stats", {}), ("token_trajectories", {})]:
+                        ("advantages", {}), ("token_stats", {}), ("token_trajectories", {}), ("mismatch", {})]:
         at = open_page(hostile_logs, page, monkeypatch, run="hostile", step=1, **query)
         assert [h.value for h in at.header] == [PAGES[page]]
         text = assert_no_markup_from_logged_text(at)
@@ -488,6 +488,8 @@ def test_every_page_works_on_a_minimal_run(minimal_logs, run, page, monkeypatch)
         assert at.get("html") and 'class="pl-token"' in at.get("html")[0].proto.body
     if run == "my-run" and page == "algorithm_weighting":
         assert "grpo" in table(at, "algorithm", "low", "high")["algorithm"].tolist()
+    if page == "mismatch" and run != "metrics-only":  # a run without sampler columns: said plainly, no error
+        assert any("logged no sampler log-probs" in i.value for i in at.info), [i.value for i in at.info]
 
 
 def test_prm_page_on_an_outcome_supervised_run_shows_raw_step_rewards(trained, trained_prm, tmp_path, monkeypatch):
@@ -779,15 +781,12 @@ def test_sidebar_names_only_what_a_run_has(uncorrected_logs, trained, monkeypatc
     assert len(captions) == 1 and captions[0].count(" · ") == 2, captions  # algorithm · task · logs
 
 
-def test_prm_steps_page_is_drawn_before_torch_is_needed(trained_prm):
-    """The first visit of PRM steps in a fresh server waited seconds for torch before anything was drawn. With
-    torch made unimportable, everything but the sandbox's numbers is still drawn (the logged view and the
-    sandbox's table), so nothing before the sandbox waits for it; the sandbox says why it has no numbers."""
+def page_without_torch(logs_dir, run: str, page: str) -> dict:
+    """A page rendered in a fresh process where torch cannot be imported: what it drew, and its errors."""
     import subprocess
     import sys
     import textwrap
 
-    logs_dir, run = trained_prm
     script = textwrap.dedent(f"""
         import json, os, sys
 
@@ -798,11 +797,11 @@ def test_prm_steps_page_is_drawn_before_torch_is_needed(trained_prm):
 
         sys.meta_path.insert(0, NoTorch())
         from streamlit.testing.v1 import AppTest
-        os.environ["POLICYLENS_LOGS_DIR"] = {logs_dir!r}
+        os.environ["POLICYLENS_LOGS_DIR"] = {str(logs_dir)!r}
         at = AppTest.from_file({APP!r}, default_timeout={TIMEOUT})
         at.query_params["run"] = {run!r}
         at.run()
-        at.switch_page("app_pages/prm_steps.py").run()
+        at.switch_page("app_pages/{page}.py").run()
         print(json.dumps({{
             "exceptions": [e.message for e in at.exception], "headers": [h.value for h in at.header],
             "subheaders": [h.value for h in at.subheader], "html": len(at.get("html")),
@@ -811,10 +810,27 @@ def test_prm_steps_page_is_drawn_before_torch_is_needed(trained_prm):
     """)
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=10 * TIMEOUT)
     assert done.returncode == 0, done.stderr[-3000:]
-    page = json.loads(done.stdout.strip().splitlines()[-1])
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def test_prm_steps_page_is_drawn_before_torch_is_needed(trained_prm):
+    """The first visit of PRM steps in a fresh server waited seconds for torch before anything was drawn. With
+    torch made unimportable, everything but the sandbox's numbers is still drawn (the logged view and the
+    sandbox's table), so nothing before the sandbox waits for it; the sandbox says why it has no numbers."""
+    page = page_without_torch(*trained_prm, "prm_steps")
     assert page["exceptions"] == [] and page["headers"] == ["PRM steps"] and not page["torch"], page
     assert page["html"] >= 1 and any("group_step_rewards" in c for c in page["charts"]), page  # the logged view
     assert any(s.startswith("Sandbox") for s in page["subheaders"]), page
+    assert len(page["errors"]) == 1 and "torch is not importable" in page["errors"][0], page
+
+
+def test_mismatch_page_is_drawn_before_torch_is_needed(trained_prm):
+    """Only the corrections need torch (engine.corrections): every chart above them is drawn without it."""
+    page = page_without_torch(*trained_prm, "mismatch")
+    assert page["exceptions"] == [] and page["headers"] == ["Mismatch"] and not page["torch"], page
+    drawn = {c.rsplit("-", 1)[-1] for c in page["charts"]}
+    assert {"mismatch_curves", "mismatch_histogram", "probability_scatter", "mismatch_buckets",
+            "sequence_mismatch"} <= drawn and "correction_heatmaps" not in drawn, page
     assert len(page["errors"]) == 1 and "torch is not importable" in page["errors"][0], page
 
 
@@ -839,3 +855,43 @@ def test_runs_page_smooths_the_curves_only_when_asked(trained, monkeypatch):
         last = 0.6 * last + 0.4 * value
         expected.append(last / (1 - 0.6**n))
     np.testing.assert_allclose(array(smooth["y"]), expected, rtol=1e-9)
+
+
+def test_mismatch_page_shows_the_logged_gap_and_what_each_correction_does(trained_prm, monkeypatch):
+    """On a run sampled by a bfloat16 copy of the policy: the step's numbers, curves, worst token texts and the
+    corrections' table against independent computations over the Parquet files."""
+    logs_dir, run = trained_prm
+    step = last_step(logs_dir, run)
+    at = open_page(logs_dir, "mismatch", monkeypatch, run=run, step=step)
+    assert not at.error, [e.value for e in at.error]
+    trained = independent(logs_dir, "rollouts", "WHERE run = ? AND step = ? AND kind = 'train' AND NOT filtered",
+                          [run, step])
+    tokens = independent(logs_dir, "tokens", "WHERE run = ? AND step = ? AND sampler_logp IS NOT NULL", [run, step])
+    tokens = tokens[tokens["rollout_id"].isin(trained["rollout_id"])]
+    ratio = np.exp(tokens["old_logp"] - tokens["sampler_logp"]).to_numpy()
+    outside = (ratio < 0.9) | (ratio > 1.1)
+    assert 0 < outside.mean() < 1, "the bfloat16 sampler should put some tokens outside the band"
+    metrics = {m.label: m.value for m in at.metric}
+    assert metrics["outside [0.9, 1.1]"] == f"{outside.mean():.2%}"
+    assert metrics["tokens (sequences)"] == f"{len(tokens)} ({tokens['rollout_id'].nunique()})"
+
+    steps = independent(logs_dir, "steps", "WHERE run = ? ORDER BY step", [run])
+    logged = {int(s): json.loads(e)["mismatch_kl"] for s, e in zip(steps["step"], steps["extra"], strict=True)
+              if isinstance(e, str) and "mismatch_kl" in e}
+    kl_line = plotly_spec(at, "mismatch_curves")["data"][0]  # the first panel (KL), the only run
+    assert dict(zip(array(kl_line["x"]).tolist(), array(kl_line["y"]).tolist(), strict=True)) == pytest.approx(logged)
+
+    per_text = pd.DataFrame({"text": tokens["token_text"].to_numpy(), "outside": outside}).groupby("text")["outside"]
+    worst = dataframe(at, "token_text", "outside", "worst_rollout_id")
+    assert int(worst["outside"].iloc[0]) == int(per_text.sum().max())
+    links = [link.proto for link in at.get("page_link") if link.proto.page == "tokens"]  # the Token inspector
+    linked = [int(re.search(r"rollout=(\d+)", link.query_string).group(1)) for link in links]
+    assert links and all(f"rollout {r}" in link.label and f"step={step}" in link.query_string
+                         for link, r in zip(links, linked, strict=True))
+    assert sorted(linked) == sorted(int(r) for r in worst["worst_rollout_id"].head(len(links)))
+
+    corrections = table(at, "correction", "tokens dropped", "weight mean").set_index("correction")
+    assert corrections.loc["TIS token (≤ 2)", "weight mean"] == f"{np.minimum(ratio, 2.0).mean():.3f}"
+    out_of_tis_band = (ratio < 0.5) | (ratio > 2)
+    assert corrections.loc["reject token_k1 (0.5_2.0)", "tokens dropped"] == f"{out_of_tis_band.mean():.3f}"
+    assert plotly_spec(at, "correction_heatmaps")["data"], "one group's weights side by side"

@@ -1,4 +1,4 @@
-"""The demo: six runs trained side by side in the background, reused when asked again, stopped cleanly."""
+"""The demo: seven runs trained side by side in the background, reused when asked again, stopped cleanly."""
 
 from __future__ import annotations
 
@@ -49,10 +49,13 @@ def test_demo_trains_all_runs_then_reuses_them(tmp_path):
     assert all(status == "finished" and last_step == 2 for status, last_step, _ in first.values()), first
     algorithms = {run["run"]: (run["algorithm"], run["config"]["supervision"]) for run in list_runs(logs)}
     assert algorithms == {run.name: (run.algo, run.supervision) for run in demo.DEMO_RUNS}
+    samplers = {run["run"]: (run["config"]["sampler_dtype"], run["config"]["sampler_lag"]) for run in list_runs(logs)}
+    assert samplers == {run.name: ("bfloat16", 2) if run.name == "demo-grpo-bf16-lag2" else ("float32", 0)
+                        for run in demo.DEMO_RUNS}
     progress = demo.demo_progress(logs)
     assert progress["running"] is False and progress["fraction"] == 1.0
     assert {(r["steps_done"], r["steps"]) for r in progress["runs"]} == {(2, 2)}
-    # The first run built the warm start (reporting its progress), alone; the other five started after it and
+    # The first run built the warm start (reporting its progress), alone; the others started after it and
     # found it in the cache.
     assert progress["warm_start"]["step"] == progress["warm_start"]["steps"] == TINY["sft_steps"]
     (cached,) = cache.glob("warmstart-*")

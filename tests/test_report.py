@@ -315,3 +315,33 @@ def test_report_command_runs_without_streamlit(tmp_path):
     assert done.stdout.split()[-1] == "False", done.stdout
     assert "runtime" not in done.stderr.lower(), done.stderr[-3000:]
     assert out.stat().st_size > 0
+
+
+def test_report_includes_the_steps_sampler_mismatch(tiny_process_run):
+    """A run sampled by a bfloat16 copy of the policy one update behind: the report's mismatch table holds the
+    step's numbers computed here from the tokens; a run without sampler log-probs has no such section."""
+    import html
+
+    from dashboard.report import build_report
+    from engine.runlog import RunReader, RunWriter
+
+    logs_dir, run = tiny_process_run
+    with RunReader(logs_dir, runs=[run]) as reader:
+        step = int(reader.sql("SELECT max(step) AS s FROM steps")["s"].iloc[0])
+        tokens = reader.sql(
+            "SELECT t.old_logp - t.sampler_logp AS lr FROM tokens t JOIN rollouts r USING (run, step, rollout_id) "
+            "WHERE t.step = ? AND r.kind = 'train' AND NOT r.filtered AND t.sampler_logp IS NOT NULL", [step])
+    text = build_report(str(logs_dir), run, step)
+    assert f"Sampler/trainer mismatch at step {step}" in text
+    section = text[text.index(f"Sampler/trainer mismatch at step {step}"):]
+    rows = dict(re.findall(r"<tr><td class=\"text\">([^<]+)</td><td class=\"num\">([^<]+)</td></tr>", section))
+    rows = {html.unescape(k): v for k, v in rows.items()}
+    ratio = np.exp(tokens["lr"].to_numpy())
+    assert rows["tokens"] == str(len(tokens))
+    assert rows["share outside [0.9, 1.1]"] == f"{((ratio < 0.9) | (ratio > 1.1)).mean():.4g}"
+    assert rows["mean |log-ratio|"] == f"{np.abs(tokens['lr']).mean():.4g}"
+
+    with RunWriter.create(Path(logs_dir).parent / "no-sampler", "plain", config={}) as writer:
+        writer.log_step(0, rollouts={"rollout_id": [0], "group_id": [0], "kind": ["train"], "completion": ["x"]},
+                        tokens={"rollout_id": [0], "position": [0], "token_text": ["x"], "old_logp": [-0.1]})
+    assert "Sampler/trainer mismatch" not in build_report(str(Path(logs_dir).parent / "no-sampler"), "plain", 0)

@@ -476,3 +476,63 @@ def test_the_adapters_surrogates_are_trls_formulas(loss_type):
     codes = clip_codes(loss_type, coef_1, adv, eps_low, eps_high)
     assert torch.equal(codes == 1, low) and torch.equal(codes == 2, high) and torch.equal(codes == 3, dual)
     assert bool((codes > 0).any()) or loss_type == "sapo"
+
+
+def test_trls_sampler_log_probs_is_ratio_and_masks_are_logged_per_token(tmp_path, warm_model_dir, monkeypatch):
+    """TRL's vLLM path without vLLM: each generation's output gains what TRL's vLLM branch puts there,
+    `sampling_per_token_logps` (here the old log-probs plus noise) and `importance_sampling_ratio` (token_mask mode
+    with C_max 1.5, TRL's formula: engine.corrections.trl_is_ratio, equal to it in test_corrections_reference.py),
+    and the off-policy mask is on. The run log holds them as sampler_logp, is_weight and rejected (the off-policy
+    mask as TRL's own get_off_policy_mask decides it on the logged log-probs, pass by pass), and the step's
+    mismatch metrics."""
+    from trl import GRPOTrainer
+
+    from engine.correction_settings import REJECT_IS_ZERO, REJECT_OFF_POLICY
+    from engine.corrections import offpolicy_metrics, trl_is_ratio
+
+    fed = []
+    original = GRPOTrainer._generate_and_score_completions
+
+    def as_with_vllm(self, inputs):
+        output = original(self, inputs)
+        old, mask = output["old_per_token_logps"], output["completion_mask"]
+        noise = torch.randn(old.shape, generator=torch.Generator().manual_seed(len(fed)))
+        sampler = old + 0.3 * noise
+        sampler[0, 0] = float("nan")  # a token vLLM could not score: TRL keeps NaN, its ratio is 1
+        output["sampling_per_token_logps"] = sampler
+        output["importance_sampling_ratio"] = ratio = trl_is_ratio(old - sampler, mask, "token_mask", None, 1.5)
+        fed.append({"old": old.detach().clone(), "sampler": sampler.clone(), "ratio": ratio.clone(), "mask": mask})
+        return output
+
+    monkeypatch.setattr(GRPOTrainer, "_generate_and_score_completions", as_with_vllm)
+    threshold = 0.05
+    logs_dir, *_ = train_trl(tmp_path, warm_model_dir, max_steps=4, off_policy_mask_threshold=threshold)
+    ((batch,),) = [fed]  # one generation: 2 mini-batches x 2 passes
+    tokens = frame(logs_dir, "SELECT * FROM tokens WHERE step = 1 ORDER BY rollout_id, position")
+    rows, positions = tokens["rollout_id"].to_numpy(), tokens["position"].to_numpy()
+    np.testing.assert_allclose(tokens["sampler_logp"], batch["sampler"][rows, positions].numpy(), rtol=1e-6)
+    assert np.isnan(tokens["sampler_logp"].iloc[0])  # rollout 0, position 0: kept NaN, as TRL has it
+
+    passes = frame(logs_dir, "SELECT p.*, r.advantage AS seq_advantage FROM token_passes p JOIN rollouts r "
+                             "USING (run, step, rollout_id) WHERE step = 1 ORDER BY pass, rollout_id, position")
+    rows, positions = passes["rollout_id"].to_numpy(), passes["position"].to_numpy()
+    ratio = batch["ratio"][rows, positions].numpy()
+    np.testing.assert_allclose(passes["is_weight"], ratio, rtol=1e-6)
+    expected = np.where(ratio == 0, REJECT_IS_ZERO, 0)
+    for _, part in passes.groupby("pass"):
+        ids = sorted(part["rollout_id"].unique())
+        new = torch.zeros(len(ids), batch["mask"].shape[1], dtype=torch.float64)
+        new[np.searchsorted(ids, part["rollout_id"]), part["position"].to_numpy()] = torch.tensor(
+            part["new_logp"].to_numpy())
+        advantages = torch.tensor(part.groupby("rollout_id")["seq_advantage"].first().to_numpy())[:, None]
+        kept = GRPOTrainer.get_off_policy_mask(advantages, new, batch["sampler"][ids].double(),
+                                               batch["mask"][ids].double(), threshold)  # (b, 1)
+        dropped = (kept[np.searchsorted(ids, part["rollout_id"]), 0] == 0).numpy()
+        expected[part.index[dropped]] = REJECT_OFF_POLICY
+    assert set(expected) == {0, REJECT_IS_ZERO, REJECT_OFF_POLICY}, "the noise should trigger both"
+    np.testing.assert_array_equal(passes["rejected"].to_numpy(), expected)
+
+    (extra,) = frame(logs_dir, "SELECT extra FROM steps WHERE step = 1")["extra"]
+    logged = {k[len("mismatch_"):]: v for k, v in json.loads(extra).items() if k.startswith("mismatch_")}
+    scored = batch["mask"].bool() & torch.isfinite(batch["sampler"])  # the NaN token left out
+    assert logged == pytest.approx(offpolicy_metrics(batch["old"], batch["sampler"], scored), rel=1e-5)

@@ -13,16 +13,21 @@ them). What lands in the run log, in the engine's schema (engine/runlog.py):
 - `rollouts`: every completion of the step (prompt, completion, group, `reward` = TRL's weighted total,
   `reward_components` = each reward function's own value, advantage, length, truncated, `rank`);
 - `tokens`: token id and text, old_logp (TRL's, or the first training forward's when TRL reuses it as the old
-  policy), ref_logp (when beta != 0), entropy (from the first training forward over the token), advantage;
+  policy), ref_logp (when beta != 0), entropy (from the first training forward over the token), advantage, and
+  sampler_logp when TRL has the sampler's log-probs (`sampling_per_token_logps`, its vLLM path; NaN where vLLM
+  could not score a token, as TRL keeps it);
 - `token_passes`: one row per token per `_compute_loss` call (a mini-batch of one pass, `pass` counts them within
   the step): new_logp, ratio (the ratio TRL's loss used: the sequence ratio on every token at
   `importance_sampling_level="sequence"`; vespo: its sequence weight w), clip code by TRL's own rule and
   token_loss by TRL's formula, both computed with the engine's surrogates (`trl_surrogate`: every loss type of TRL
   1.16, top_entropy_quantile's mask included; TRL's documented differences are named options, TRL_CISPO_* and
-  TRL_BIAS_CORRECTED_KL), grad_weight and k3 KL;
+  TRL_BIAS_CORRECTED_KL), grad_weight and k3 KL; with TRL's vLLM IS correction, is_weight = its
+  `importance_sampling_ratio`; with its IS correction or `off_policy_mask_threshold`, rejected = why its loss
+  multiplied the token by 0 (REJECT_OFF_POLICY, REJECT_IS_ZERO of engine.correction_settings);
 - `steps` (rank 0): TRL's logged metrics of the optimizer steps of this generation, averaged, mapped onto the
   contract columns (`METRIC_COLUMNS`); every other metric in `extra` (with `logging_steps=1`, as in the examples,
-  the row covers exactly its generation's optimizer steps; with more, whatever TRL logged during it);
+  the row covers exactly its generation's optimizer steps; with more, whatever TRL logged during it), and with
+  sampler log-probs the `mismatch_*` metrics of engine.corrections.offpolicy_metrics over rank 0's rows;
 - `run.json`: the GRPOConfig as config, the algorithm named from loss_type / importance_sampling_level
   (`algorithm_name`).
 
@@ -72,7 +77,10 @@ except ImportError as err:  # pragma: no cover - depends on the installed extras
     ) from err
 
 from engine.clip_codes import CLIP_CAP, CLIP_HIGH, CLIP_LOW, CLIP_NONE, fraction_column
+from engine.correction_settings import REJECT_IS_ZERO, REJECT_OFF_POLICY
+from engine.corrections import off_policy_mask, offpolicy_metrics
 from engine.importers import as_text, components_json, run_name_from_folder
+from engine.logrows import MISMATCH_PREFIX
 from engine.objectives import SurrogateOutput, defaults, k3_kl, surrogate, top_entropy_mask, vespo_log_weight
 from engine.rollout import TokenText
 from engine.runlog import RunLogError, RunWriter, validate_run_name
@@ -238,6 +246,8 @@ class _Generation:
     ref_logp: torch.Tensor | None  # (B, T)
     advantages: torch.Tensor  # (B,) or (B, T)
     keep: torch.Tensor  # (B,) bool on the device: rows whose tokens are logged (log_groups)
+    sampler_logp: torch.Tensor | None = None  # (B, T) TRL's sampling_per_token_logps (vLLM's), NaN where unscored
+    is_ratio: torch.Tensor | None = None  # (B, T) or (B, 1) TRL's importance_sampling_ratio (vLLM IS correction)
     passes: list[_Pass] = field(default_factory=list)
 
 
@@ -254,6 +264,11 @@ class _Pass:
     values: torch.Tensor  # (len(_PASS_VALUES), b, T) float32: the old_logp is the one TRL's ratio used
     clip: torch.Tensor  # (b, T) int8
     hooked: dict  # the tensor hook puts dLoss/dlogp (b, T) under "grad" during TRL's backward, after the call
+    rejected: torch.Tensor | None = None  # (b, T) int8 reason codes (engine.correction_settings), None: no correction
+
+
+def _detached(tensor: torch.Tensor | None) -> torch.Tensor | None:
+    return None if tensor is None else tensor.detach()
 
 
 # ---------------------------------------------------------------- the trainer
@@ -385,7 +400,9 @@ class PolicyLensGRPOTrainer(GRPOTrainer):
         return _Generation(
             first_row=first, rows=rows, completion_ids=ids, mask=mask.detach() > 0,
             old_logp=output.get("old_per_token_logps"), ref_logp=output.get("ref_per_token_logps"),
-            advantages=output["advantages"].detach(), keep=keep)
+            advantages=output["advantages"].detach(), keep=keep,
+            sampler_logp=_detached(output.get("sampling_per_token_logps")),
+            is_ratio=_detached(output.get("importance_sampling_ratio")))
 
     # ---- optimisation: token passes
 
@@ -456,14 +473,34 @@ class PolicyLensGRPOTrainer(GRPOTrainer):
                                 for k in _PASS_VALUES]),
             clip=(rule.clip if rule is not None else torch.zeros(shape, dtype=torch.int8, device=new.device)
                   ).to(torch.int8).expand(shape),
-            hooked=seen)
+            hooked=seen, rejected=self._policylens_rejected(inputs, new, old, adv, mask))
         if self.policylens_log_groups is None:
             return record
         # keep only the rows of logged groups until the step is written (the hook then keeps only their
         # gradients): device memory in proportion to what is logged, for one sync per mini-batch in this mode
         picked = seen["picked"] = gen.keep[record.rows].nonzero().squeeze(1)
         return _Pass(rows=record.rows[picked], mask=record.mask[picked], values=record.values[:, picked],
-                     clip=record.clip[picked], hooked=seen)
+                     clip=record.clip[picked], hooked=seen,
+                     rejected=None if record.rejected is None else record.rejected[picked])
+
+    def _policylens_rejected(self, inputs, new: torch.Tensor, old: torch.Tensor, adv: torch.Tensor,
+                             mask: torch.Tensor) -> torch.Tensor | None:
+        """(b, T) int8: why TRL's loss multiplied a token by 0 in this pass, REJECT_OFF_POLICY when its
+        off-policy mask dropped the row (recomputed here with engine.corrections.off_policy_mask, equal to TRL's
+        get_off_policy_mask, on the same inputs TRL's loss took), else REJECT_IS_ZERO when its IS ratio is 0
+        (the `*_mask` modes); None when TRL applies neither."""
+        threshold = self.off_policy_mask_threshold
+        ratio = inputs.get("importance_sampling_ratio") if self.loss_type != "vespo" else None
+        if threshold is None and ratio is None:
+            return None
+        codes = torch.zeros(new.shape, dtype=torch.int8, device=new.device)
+        if ratio is not None:
+            codes[(ratio.detach() == 0).expand_as(new)] = REJECT_IS_ZERO
+        if threshold is not None:  # TRL: the sampler's log-probs when it has them, else the old ones
+            sampler = inputs.get("sampling_per_token_logps", old)
+            kept = off_policy_mask(new - sampler.detach(), mask, adv, threshold)
+            codes[kept == 0] = REJECT_OFF_POLICY
+        return codes
 
     # ---- metrics
 
@@ -480,9 +517,14 @@ class PolicyLensGRPOTrainer(GRPOTrainer):
             return
         self.policylens_step += 1
         metrics = None
+        tokens, passes, old = self._policylens_token_tables(gen)
         if self.accelerator.is_main_process:
             metrics = self._policylens_metrics()
-        tokens, passes = self._policylens_token_tables(gen)
+            if gen.sampler_logp is not None:  # this process's rows (TRL's own sampling/* metrics are global)
+                sampler = gen.sampler_logp.float()
+                scored = gen.mask & torch.isfinite(sampler) & torch.isfinite(old)  # vLLM leaves some tokens NaN
+                values = offpolicy_metrics(old, sampler, scored)
+                metrics.update({MISMATCH_PREFIX + name: value for name, value in values.items()})
         self.policylens_writer.log_step(self.policylens_step, metrics=metrics, rollouts=gen.rows, tokens=tokens,
                                         token_passes=passes)
 
@@ -496,8 +538,9 @@ class PolicyLensGRPOTrainer(GRPOTrainer):
                 metrics[METRIC_COLUMNS.get(key, key)] = sum(values) / len(values)
         return metrics
 
-    def _policylens_token_tables(self, gen: _Generation) -> tuple[dict | None, dict | None]:
-        """The step's `tokens` and `token_passes` columns: selected on the device, copied to the host once each."""
+    def _policylens_token_tables(self, gen: _Generation) -> tuple[dict | None, dict | None, torch.Tensor]:
+        """The step's `tokens` and `token_passes` columns (selected on the device, copied to the host once each)
+        and the (B, T) old log-probs of every row."""
         mask = gen.mask & gen.keep[:, None]  # (B, T) logged tokens
         B, T = mask.shape
         device = mask.device
@@ -507,7 +550,7 @@ class PolicyLensGRPOTrainer(GRPOTrainer):
         # within a pass)
         old = gen.old_logp.detach().float().clone() if gen.old_logp is not None else nan.clone()
         entropy = nan.clone()
-        pass_floats, pass_keys, pass_clips = [], [], []
+        pass_floats, pass_keys, pass_clips, pass_corrections = [], [], [], []
         for p in range(len(gen.passes) - 1, -1, -1):
             rec = gen.passes[p]
             if gen.old_logp is None:
@@ -523,9 +566,12 @@ class PolicyLensGRPOTrainer(GRPOTrainer):
                                           weight[None], values[[_PASS_VALUES.index(k) for k in ("token_loss", "kl")]]]))
             pass_keys.append(torch.stack([torch.full_like(r_idx, p), rec.rows[r_idx], pos]))
             pass_clips.append(rec.clip[sel])
+            is_weight = nan[rec.rows] if gen.is_ratio is None else gen.is_ratio[rec.rows].float().expand_as(sel)
+            rejected = torch.zeros_like(sel, dtype=torch.int8) if rec.rejected is None else rec.rejected
+            pass_corrections.append((is_weight[sel], rejected[sel]))
         r_idx, pos = mask.nonzero(as_tuple=True)
         if len(r_idx) == 0:
-            return None, None
+            return None, None, old
         adv = gen.advantages.detach().float()
         adv = adv[:, None].expand(B, T) if adv.dim() == 1 else adv
         ref = gen.ref_logp.detach().float() if gen.ref_logp is not None else nan
@@ -538,6 +584,8 @@ class PolicyLensGRPOTrainer(GRPOTrainer):
         }
         if gen.ref_logp is not None:
             tokens["ref_logp"] = token_floats[1]
+        if gen.sampler_logp is not None:
+            tokens["sampler_logp"] = gen.sampler_logp.float()[mask].cpu().numpy().astype(np.float64)
         passes = None
         if gen.passes:
             floats = torch.cat(pass_floats, dim=1).cpu().numpy().astype(np.float64)  # (5, M)
@@ -545,7 +593,11 @@ class PolicyLensGRPOTrainer(GRPOTrainer):
             passes = {"pass": keys[0], "rollout_id": keys[1] + gen.first_row, "position": keys[2],
                       "new_logp": floats[0], "ratio": floats[1], "clip": torch.cat(pass_clips).cpu().numpy(),
                       "grad_weight": floats[2], "token_loss": floats[3], "kl": floats[4]}
-        return tokens, passes
+            if gen.is_ratio is not None:
+                passes["is_weight"] = torch.cat([w for w, _ in pass_corrections]).cpu().numpy().astype(np.float64)
+            if any(rec.rejected is not None for rec in gen.passes):
+                passes["rejected"] = torch.cat([r for _, r in pass_corrections]).cpu().numpy()
+        return tokens, passes, old
 
     def _policylens_texts_of(self, token_ids: np.ndarray) -> pa.Array:
         """(N,) token ids -> their texts (engine.rollout.TokenText, cached per id) as an Arrow string array: one
