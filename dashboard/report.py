@@ -98,7 +98,10 @@ class _Page:
 
     def figure(self, figure) -> None:
         """A plotly figure drawn from inline data. plotly's JSON writer escapes '<', '>' and '/', so no text in
-        the data can close the script element."""
+        the data can close the script element. The figure is drawn with plotly's own template: a figure built
+        inside the dashboard's server gets Streamlit's placeholder theme as its default, which only
+        `st.plotly_chart` fills in, and the downloaded report must equal `policylens report`'s."""
+        figure.layout.template = pio.templates["plotly"]
         self.figures += 1
         div = f"pl-figure-{self.figures}"
         data = pio.to_json(figure, validate=False)
