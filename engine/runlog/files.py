@@ -32,7 +32,7 @@ _SEPARATE_ROW_GROUPS = {"rollouts": ("kind", "train")}
 # Strings and small integer keys repeat a lot; floats (log-probs, ratios) almost never do, and trying a
 # dictionary for them first costs time and bytes.
 _DICTIONARY_COLUMNS = ["run", "step", "kind", "filter_reason", "token_text", "pass", "clip", "rejected", "prompt",
-                       "answer", "answer_class"]
+                       "answer", "answer_class", "entropy_decile"]
 _DELTA_COLUMNS = ["rollout_id", "position", "token_id", "group_id", "index_in_group", "prompt_id", "length",
                   "step_index", "first_pos", "last_pos", "prm_step"]
 
