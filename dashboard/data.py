@@ -549,15 +549,60 @@ def entropy_bins(reader, runs: tuple[str, ...], first: int, last: int, bins: int
     A response's cut points are the linearly interpolated quantiles of its token entropies at 1/bins, 2/bins, ...
     (as torch.nanquantile computes them); a token's bin is the number of cut points strictly below its entropy. With
     10 bins, bins 8 and 9 are exactly the tokens ASPO treats as high-entropy (entropy > the 80th percentile).
+
+    With 2, 5 or 10 bins the writer's `entropy_decile` of each pass row gives the bin (decile // (10 / bins)): one
+    scan of the passes, no tokens read (a whole 100M-token run fits). Pass rows without it (runs logged before it,
+    passes logged without their tokens) and other bin counts compute the quantiles from the tokens.
     """
     if not (isinstance(bins, int) and 2 <= bins <= 100):
         raise ValueError(f"bins = {bins!r}; accepted: an integer from 2 to 100")
+    params = {"runs": list(runs), "first": first, "last": last}
+    parts = []
+    from_deciles = ENTROPY_DECILES % bins == 0
+    if from_deciles:
+        parts.append(reader.sql(_bin_totals(f"""
+            SELECT run, entropy_decile // {ENTROPY_DECILES // bins} AS bin, clip, grad_weight FROM token_passes
+            WHERE list_contains($runs, run) AND step BETWEEN $first AND $last"""), params))
+    if not from_deciles or parts[0]["bin"].isna().any():
+        parts = [part.dropna(subset=["bin"]) for part in parts]
+        parts.append(reader.sql(_bin_totals(_quantile_bins(bins, without_decile=from_deciles)), params))
+    totals = pd.concat(parts).groupby(["run", "bin"], as_index=False).sum()
+    algorithms = reader.sql("SELECT run, algorithm FROM runs WHERE list_contains($runs, run)", {"runs": list(runs)})
+    out = algorithms.merge(totals, on="run").sort_values(["run", "bin"], ignore_index=True)
+    out["bin"] = out["bin"].astype(int)
+    out.insert(3, "quantile_mid", (out["bin"] + 0.5) / bins)
+    judged = out.pop("clip_rows").where(lambda n: n > 0)
+    out.insert(5, "clip_rate", out.pop("clipped") / judged)
+    for code in CLIP_EVENTS:
+        out[rate_column(code)] = out.pop(rate_column(code)) / judged
+    out["abs_weight"] = out.pop("abs_weight")
+    run_total = out.groupby("run")["abs_weight"].transform("sum")
+    out["weight_share"] = out["abs_weight"] / run_total.where(run_total != 0)
+    return out
+
+
+ENTROPY_DECILES = 10
+"""The resolution of the token passes' stored `entropy_decile` (engine.runlog.derived)."""
+
+
+def _bin_totals(binned: str) -> str:
+    """Per run and bin of rows (run, bin, clip, grad_weight): pass rows, rows with a clip code (clip_rows), the
+    clipped ones and one count per clip code, and the sum of |gradient weight|: totals that add up across parts."""
+    counts = ", ".join(f'count(*) FILTER (WHERE clip = {int(code)}) AS "{rate_column(code)}"' for code in CLIP_EVENTS)
+    return f"""
+        SELECT run, bin, count(*) AS pass_rows, count(clip) AS clip_rows,
+               count(*) FILTER (WHERE clip <> {CLIP_NONE}) AS clipped, {counts}, sum(abs(grad_weight)) AS abs_weight
+        FROM ({binned}) GROUP BY run, bin"""
+
+
+def _quantile_bins(bins: int, without_decile: bool) -> str:
+    """(run, bin, clip, grad_weight) of the pass rows of train tokens, the bin computed from the quantiles of each
+    response's token entropies (only the rows without a stored decile when `without_decile`)."""
     cuts = ", ".join(f"{k / bins!r}" for k in range(1, bins))
     # Written out (from the integer `bins` only): one comparison per cut point is cheaper than a list lambda.
     bin_of = " + ".join(f"(t.entropy > c.cuts[{k}])::INT" for k in range(1, bins))
-    rates = ", ".join(f'pb."{rate_column(code)}"' for code in CLIP_EVENTS)
-    return reader.sql(
-        f"""
+    missing = " AND entropy_decile IS NULL" if without_decile else ""
+    return f"""
         WITH tok AS ({_TRAIN_TOKENS}),
         cut_points AS (
             SELECT run, step, rollout_id, quantile_cont(entropy, [{cuts}]) AS cuts
@@ -565,16 +610,5 @@ def entropy_bins(reader, runs: tuple[str, ...], first: int, last: int, bins: int
         ), binned AS (
             SELECT t.run, t.token_key, {bin_of} AS bin
             FROM tok t JOIN cut_points c USING (run, step, rollout_id) WHERE t.entropy IS NOT NULL
-        ), per_bin AS (
-            SELECT b.run, b.bin, count(*) AS pass_rows, avg((p.clip <> {CLIP_NONE})::DOUBLE) AS clip_rate,
-                   {clip_rates("p.clip")}, sum(abs(p.grad_weight)) AS abs_weight
-            FROM binned b JOIN ({_PASSES}) p USING (run, token_key)
-            GROUP BY b.run, b.bin
         )
-        SELECT x.algorithm, pb.run, pb.bin, (pb.bin + 0.5) / $bins AS quantile_mid, pb.pass_rows, pb.clip_rate,
-               {rates}, pb.abs_weight,
-               pb.abs_weight / nullif(sum(pb.abs_weight) OVER (PARTITION BY pb.run), 0) AS weight_share
-        FROM per_bin pb JOIN runs x ON x.run = pb.run ORDER BY pb.run, pb.bin
-        """,
-        {"runs": list(runs), "first": first, "last": last, "bins": bins},
-    )
+        SELECT b.run, b.bin, p.clip, p.grad_weight FROM binned b JOIN ({_PASSES}{missing}) p USING (run, token_key)"""

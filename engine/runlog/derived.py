@@ -105,7 +105,8 @@ SELECT run, step, "pass", rollout_id, position, new_logp, ratio, clip, grad_weig
        coalesce(kl, exp(ref_logp - new_logp) - (ref_logp - new_logp) - 1) AS kl, is_weight, rejected, entropy_decile
 FROM (
     SELECT p.run, p.step, p."pass", p.rollout_id, p.position,
-           coalesce(p.new_logp, t.old_logp + ln(p.ratio)) AS new_logp, p.ratio, p.clip, p.grad_weight, p.token_loss, p.kl, p.is_weight, p.rejected, p.entropy_decile, t.ref_logp
+           coalesce(p.new_logp, t.old_logp + ln(p.ratio)) AS new_logp, p.ratio, p.clip, p.grad_weight,
+           p.token_loss, p.kl, p.is_weight, p.rejected, p.entropy_decile, t.ref_logp
     FROM {passes} p LEFT JOIN (
         -- grouped on the key so that DuckDB drops the join from a query that reads no derived column
         SELECT run, step, rollout_id, position, any_value(old_logp) AS old_logp, any_value(ref_logp) AS ref_logp
