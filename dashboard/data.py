@@ -497,31 +497,40 @@ row and aggregated straight into the few output groups: a third cheaper than sum
 def token_stats(reader, run: str, first: int, last: int, bucket: int) -> pd.DataFrame:
     """Per token text (and per position bucket of `bucket` positions when bucket > 0) over steps first..last:
     count of train tokens, mean advantage and entropy, clip rates (low, high, dual: fractions of the token's
-    optimisation passes), mean |gradient weight| and mean |ratio - 1| per pass."""
-    rates = ", ".join(f'b."{rate_column(code)}"' for code in CLIP_EVENTS)
-    return reader.sql(
-        f"""
-        WITH tok AS (
-            SELECT *, CASE WHEN $bucket > 0 THEN position // $bucket * $bucket END AS position_from
-            FROM ({_TRAIN_TOKENS})
-        ), per_token AS (
-            SELECT token_text, position_from, count(*) AS count, avg(advantage) AS advantage_mean,
-                   avg(entropy) AS entropy_mean
-            FROM tok GROUP BY ALL
-        ), per_pass AS (
-            SELECT t.token_text, t.position_from, count(*) AS passes, {clip_rates("p.clip")},
-                   sum(abs(p.grad_weight)) AS abs_weight, sum(abs(p.ratio - 1)) AS ratio_dev
-            FROM tok t JOIN ({_PASSES}) p USING (run, token_key) GROUP BY ALL
-        )
-        SELECT a.token_text, a.position_from, a.count, a.advantage_mean, {rates},
-               b.abs_weight / b.passes AS abs_grad_weight_mean, b.ratio_dev / b.passes AS ratio_deviation_mean,
-               a.entropy_mean
-        FROM per_token a LEFT JOIN per_pass b
-             ON b.token_text = a.token_text AND b.position_from IS NOT DISTINCT FROM a.position_from
-        ORDER BY a.count DESC, a.token_text, a.position_from
-        """,
-        {"runs": [run], "first": first, "last": last, "bucket": bucket},
-    )
+    optimisation passes), mean |gradient weight| and mean |ratio - 1| per pass.
+
+    The passes carry their token's text (engine.runlog.derived), so they are summed without joining the tokens
+    (a whole 100M-token run took 44 s with the join); pass rows without it (runs logged before it) are joined."""
+    params = {"runs": [run], "first": first, "last": last, "bucket": bucket}
+    position_from = "CASE WHEN $bucket > 0 THEN position // $bucket * $bucket END"
+    keys = ["token_text", "position_from"]
+    per_token = reader.sql(f"""
+        SELECT token_text, {position_from} AS position_from, count(*) AS count, avg(advantage) AS advantage_mean,
+               avg(entropy) AS entropy_mean
+        FROM ({_TRAIN_TOKENS}) GROUP BY ALL""", params)
+    per_pass = _summed(reader, params, keys, f"""
+        SELECT token_text, {position_from} AS position_from, clip, grad_weight, ratio FROM token_passes
+        WHERE list_contains($runs, run) AND step BETWEEN $first AND $last""", f"""
+        SELECT t.token_text, t.position_from, p.clip, p.grad_weight, p.ratio
+        FROM (SELECT *, {position_from} AS position_from FROM ({_TRAIN_TOKENS})) t
+        JOIN ({_PASSES} AND token_text IS NULL) p USING (run, token_key)""")
+    out = per_token.merge(_with_rates(per_pass), on=keys, how="left")
+    out["abs_grad_weight_mean"] = out.pop("abs_weight") / out["pass_rows"]
+    out["ratio_deviation_mean"] = out.pop("ratio_dev") / out.pop("pass_rows")
+    out["entropy_mean"] = out.pop("entropy_mean")
+    out = out.drop(columns="clip_rate").sort_values(["count", *keys], ascending=[False, True, True])
+    return out.reset_index(drop=True)
+
+
+def _summed(reader, params: dict, keys: list[str], stored: str, joined: str) -> pd.DataFrame:
+    """`_pass_totals` per `keys` of the pass rows `stored` (SQL of rows with the keys, clip, grad_weight, ratio),
+    where the first key is NULL on rows logged without it, which `joined` (the same rows with the key from the
+    tokens, for those rows only) replaces: run only when there are such rows."""
+    totals = reader.sql(_pass_totals(stored, keys), params)
+    if totals[keys[0]].isna().any():
+        totals = pd.concat([totals.dropna(subset=[keys[0]]), reader.sql(_pass_totals(joined, keys), params)])
+        totals = totals.groupby(keys, as_index=False, dropna=False).sum()
+    return totals
 
 
 def rollouts_with_token(reader, run: str, first: int, last: int, token_text: str, bucket: int,
@@ -551,57 +560,62 @@ def entropy_bins(reader, runs: tuple[str, ...], first: int, last: int, bins: int
     10 bins, bins 8 and 9 are exactly the tokens ASPO treats as high-entropy (entropy > the 80th percentile).
 
     With 2, 5 or 10 bins the writer's `entropy_decile` of each pass row gives the bin (decile // (10 / bins)): one
-    scan of the passes, no tokens read (a whole 100M-token run fits). Pass rows without it (runs logged before it,
-    passes logged without their tokens) and other bin counts compute the quantiles from the tokens.
+    scan of the passes, no tokens read (a whole 100M-token run fits). Pass rows without it (runs logged before it)
+    and other bin counts compute the quantiles from the tokens.
     """
     if not (isinstance(bins, int) and 2 <= bins <= 100):
         raise ValueError(f"bins = {bins!r}; accepted: an integer from 2 to 100")
     params = {"runs": list(runs), "first": first, "last": last}
-    parts = []
-    from_deciles = ENTROPY_DECILES % bins == 0
-    if from_deciles:
-        parts.append(reader.sql(_bin_totals(f"""
-            SELECT run, entropy_decile // {ENTROPY_DECILES // bins} AS bin, clip, grad_weight FROM token_passes
-            WHERE list_contains($runs, run) AND step BETWEEN $first AND $last"""), params))
-    if not from_deciles or parts[0]["bin"].isna().any():
-        parts = [part.dropna(subset=["bin"]) for part in parts]
-        parts.append(reader.sql(_bin_totals(_quantile_bins(bins, without_decile=from_deciles)), params))
-    totals = pd.concat(parts).groupby(["run", "bin"], as_index=False).sum()
+    from_quantiles = _quantile_bins(bins)
+    if ENTROPY_DECILES % bins == 0:
+        totals = _summed(reader, params, ["bin", "run"], f"""
+            SELECT run, entropy_decile // {ENTROPY_DECILES // bins} AS bin, clip, grad_weight, NULL::DOUBLE AS ratio
+            FROM token_passes WHERE list_contains($runs, run) AND step BETWEEN $first AND $last""",
+                         from_quantiles.replace("{missing}", " AND entropy_decile IS NULL"))
+    else:
+        totals = reader.sql(_pass_totals(from_quantiles.replace("{missing}", ""), ["bin", "run"]), params)
     algorithms = reader.sql("SELECT run, algorithm FROM runs WHERE list_contains($runs, run)", {"runs": list(runs)})
-    out = algorithms.merge(totals, on="run").sort_values(["run", "bin"], ignore_index=True)
-    out["bin"] = out["bin"].astype(int)
+    out = algorithms.merge(_with_rates(totals.drop(columns="ratio_dev")), on="run")
+    out = out.sort_values(["run", "bin"], ignore_index=True).astype({"bin": int})
     out.insert(3, "quantile_mid", (out["bin"] + 0.5) / bins)
-    judged = out.pop("clip_rows").where(lambda n: n > 0)
-    out.insert(5, "clip_rate", out.pop("clipped") / judged)
-    for code in CLIP_EVENTS:
-        out[rate_column(code)] = out.pop(rate_column(code)) / judged
     out["abs_weight"] = out.pop("abs_weight")
     run_total = out.groupby("run")["abs_weight"].transform("sum")
     out["weight_share"] = out["abs_weight"] / run_total.where(run_total != 0)
-    return out
+    return out[["algorithm", "run", "bin", "quantile_mid", "pass_rows", "clip_rate",
+                *(rate_column(code) for code in CLIP_EVENTS), "abs_weight", "weight_share"]]
 
 
 ENTROPY_DECILES = 10
 """The resolution of the token passes' stored `entropy_decile` (engine.runlog.derived)."""
 
 
-def _bin_totals(binned: str) -> str:
-    """Per run and bin of rows (run, bin, clip, grad_weight): pass rows, rows with a clip code (clip_rows), the
-    clipped ones and one count per clip code, and the sum of |gradient weight|: totals that add up across parts."""
+def _pass_totals(rows: str, keys: list[str]) -> str:
+    """Per `keys` of `rows` (SQL of rows with the keys, clip, grad_weight, ratio): pass rows, rows with a clip
+    code (clip_rows), the clipped ones and one count per clip code, the sums of |gradient weight| and |ratio - 1|:
+    totals that add up across parts (`_with_rates` turns them into shares)."""
     counts = ", ".join(f'count(*) FILTER (WHERE clip = {int(code)}) AS "{rate_column(code)}"' for code in CLIP_EVENTS)
     return f"""
-        SELECT run, bin, count(*) AS pass_rows, count(clip) AS clip_rows,
-               count(*) FILTER (WHERE clip <> {CLIP_NONE}) AS clipped, {counts}, sum(abs(grad_weight)) AS abs_weight
-        FROM ({binned}) GROUP BY run, bin"""
+        SELECT {", ".join(keys)}, count(*) AS pass_rows, count(clip) AS clip_rows,
+               count(*) FILTER (WHERE clip <> {CLIP_NONE}) AS clipped, {counts}, sum(abs(grad_weight)) AS abs_weight,
+               sum(abs(ratio - 1)) AS ratio_dev
+        FROM ({rows}) GROUP BY ALL"""
 
 
-def _quantile_bins(bins: int, without_decile: bool) -> str:
-    """(run, bin, clip, grad_weight) of the pass rows of train tokens, the bin computed from the quantiles of each
-    response's token entropies (only the rows without a stored decile when `without_decile`)."""
+def _with_rates(totals: pd.DataFrame) -> pd.DataFrame:
+    """`_pass_totals` with the clip counts as shares of the rows with a clip code (clip_rate: any clip)."""
+    judged = totals.pop("clip_rows").where(lambda n: n > 0)
+    out = totals.assign(clip_rate=totals.pop("clipped") / judged)
+    for code in CLIP_EVENTS:
+        out[rate_column(code)] = out.pop(rate_column(code)) / judged
+    return out
+
+
+def _quantile_bins(bins: int) -> str:
+    """(run, bin, clip, grad_weight, ratio) of the pass rows of train tokens, the bin computed from the quantiles
+    of each response's token entropies; `{missing}` stands for a further condition on the passes."""
     cuts = ", ".join(f"{k / bins!r}" for k in range(1, bins))
     # Written out (from the integer `bins` only): one comparison per cut point is cheaper than a list lambda.
     bin_of = " + ".join(f"(t.entropy > c.cuts[{k}])::INT" for k in range(1, bins))
-    missing = " AND entropy_decile IS NULL" if without_decile else ""
     return f"""
         WITH tok AS ({_TRAIN_TOKENS}),
         cut_points AS (
@@ -611,4 +625,5 @@ def _quantile_bins(bins: int, without_decile: bool) -> str:
             SELECT t.run, t.token_key, {bin_of} AS bin
             FROM tok t JOIN cut_points c USING (run, step, rollout_id) WHERE t.entropy IS NOT NULL
         )
-        SELECT b.run, b.bin, p.clip, p.grad_weight FROM binned b JOIN ({_PASSES}{missing}) p USING (run, token_key)"""
+        SELECT b.run, b.bin, p.clip, p.grad_weight, p.ratio
+        FROM binned b JOIN ({_PASSES}{{missing}}) p USING (run, token_key)"""

@@ -1,5 +1,6 @@
 """Token-pass values the run log does not store when the step's tokens determine them, and the SQL that derives
-them again; plus the one value the writer adds, each token's entropy decile within its response.
+them again; plus what the writer copies or computes from the token rows into each pass row (its token's text and
+entropy decile within its response), so that statistics over a whole run read the passes without joining tokens.
 
 What a pass row would repeat from its token row:
 - `new_logp` = old_logp + ln(ratio) for a token-level ratio (GRPO, DAPO, PPO...; not for a sequence-level ratio
@@ -67,8 +68,8 @@ def entropy_deciles(tokens: pa.Table) -> np.ndarray:
 
 def stored_passes(tokens: pa.Table | None, passes: pa.Table | None) -> pa.Table | None:
     """One step's token-pass rows as stored: `new_logp` and `kl` NULL where `TOKEN_PASSES_SQL` derives them
-    from the token row to float32 precision, `entropy_decile` filled in. Both tables in the run-log schema;
-    without the step's tokens (or with a token key logged twice) the rows are stored as given."""
+    from the token row to float32 precision, `entropy_decile` and `token_text` filled in. Both tables in the
+    run-log schema; without the step's tokens (or with a token key logged twice) the rows are stored as given."""
     if passes is None or tokens is None:
         return passes
     token_keys = _token_keys(tokens)  # (n,) sorted: tokens are sorted by step, rollout_id, position
@@ -94,6 +95,8 @@ def stored_passes(tokens: pa.Table | None, passes: pa.Table | None) -> pa.Table 
         "new_logp": pa.array(new.astype(np.float32), pa.float32(), mask=drop_new | np.isnan(new)),
         "kl": pa.array(kl.astype(np.float32), pa.float32(), mask=drop_kl | np.isnan(kl)),
         "entropy_decile": pa.array(decile, pa.int8(), mask=~found | (decile < 0)),
+        "token_text": pc.if_else(pa.array(found), tokens["token_text"].take(pa.array(at)),
+                                 pa.scalar(None, pa.string())),
     }
     for name, values in columns.items():
         passes = passes.set_column(passes.schema.get_field_index(name), name, values)
@@ -102,11 +105,12 @@ def stored_passes(tokens: pa.Table | None, passes: pa.Table | None) -> pa.Table 
 
 TOKEN_PASSES_SQL = """
 SELECT run, step, "pass", rollout_id, position, new_logp, ratio, clip, grad_weight, token_loss,
-       coalesce(kl, exp(ref_logp - new_logp) - (ref_logp - new_logp) - 1) AS kl, is_weight, rejected, entropy_decile
+       coalesce(kl, exp(ref_logp - new_logp) - (ref_logp - new_logp) - 1) AS kl, is_weight, rejected, entropy_decile,
+       token_text
 FROM (
     SELECT p.run, p.step, p."pass", p.rollout_id, p.position,
            coalesce(p.new_logp, t.old_logp + ln(p.ratio)) AS new_logp, p.ratio, p.clip, p.grad_weight,
-           p.token_loss, p.kl, p.is_weight, p.rejected, p.entropy_decile, t.ref_logp
+           p.token_loss, p.kl, p.is_weight, p.rejected, p.entropy_decile, p.token_text, t.ref_logp
     FROM {passes} p LEFT JOIN (
         -- grouped on the key so that DuckDB drops the join from a query that reads no derived column
         SELECT run, step, rollout_id, position, any_value(old_logp) AS old_logp, any_value(ref_logp) AS ref_logp

@@ -78,9 +78,10 @@ TABLE_SCHEMAS: dict[str, pa.Schema] = {
          # batch's importance weight pi_trainer / pi_sampler of the token (NULL when IS is off); rejected, why the
          # corrections took the token out of this pass's loss (engine.correction_settings REJECT_*, 0 = kept)
          ("is_weight", _F32), ("rejected", pa.int8()),
-         # filled in by the writer from the step's tokens (engine.runlog.derived): the token's entropy decile
-         # within its response, 0-9 (NULL without the step's tokens, and in runs logged before this column)
-         ("entropy_decile", pa.int8())]
+         # filled in by the writer from the step's tokens (engine.runlog.derived), NULL without them (and in runs
+         # logged before these columns): the token's entropy decile within its response (0-9) and its text, so
+         # that statistics per decile or per token text over a whole run read the passes alone
+         ("entropy_decile", pa.int8()), ("token_text", _S)]
     ),
     "prm_steps": pa.schema(
         [("run", _S), ("step", _I), ("rollout_id", _I), ("step_index", _I), ("first_pos", _I), ("last_pos", _I),
@@ -103,7 +104,7 @@ ADDED_COLUMNS: dict[str, tuple[str, ...]] = {
               "critic_memory_mb", "advantage_mean", "advantage_std"),
     "rollouts": ("rank", "reward_components"),
     "tokens": ("value", "return", "kl_reward", "sampler_logp", "sampler_logp_full", "extra"),
-    "token_passes": ("is_weight", "rejected", "entropy_decile"),
+    "token_passes": ("is_weight", "rejected", "entropy_decile", "token_text"),
 }
 # Columns whose type changed since files were first written: a file with the older type is read (as the wider
 # type, see `view_schema`) and rewritten in the current type when compacted.
