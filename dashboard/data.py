@@ -359,6 +359,14 @@ def train_tokens_per_step(reader, run: str) -> dict[int, int]:
     return {int(s): int(n) for s, n in zip(frame["step"], frame["tokens"], strict=True)}
 
 
+def passes_carry_tokens(reader, run: str, step: int) -> bool:
+    """Whether the token passes of a step carry their token's text (runs logged since the writer copies it, see
+    engine.runlog.derived): token statistics then read the passes alone, fast enough over a whole run."""
+    counts = reader.sql("SELECT count(*) AS passes, count(token_text) AS with_text FROM token_passes "
+                        "WHERE run = ? AND step = ?", [run, step])
+    return 0 < int(counts["passes"][0]) == int(counts["with_text"][0])
+
+
 def run_has_prm(reader, run: str) -> bool:
     frame = reader.sql("SELECT count(*) AS n FROM (SELECT 1 FROM prm_steps WHERE run = ? LIMIT 1)", [run])
     return bool(frame["n"].iloc[0])

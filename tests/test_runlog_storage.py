@@ -4,6 +4,8 @@ layout (float64, every pass value stored) still read and compacted."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -13,6 +15,7 @@ import torch
 from engine.objectives import policy_loss
 from engine.runlog import RunReader, RunWriter, data_dir_of
 from engine.runlog.derived import entropy_deciles
+from engine.runlog.layout import scan_segments
 from engine.runlog.schema import TABLE_SCHEMAS
 
 
@@ -114,13 +117,27 @@ def test_a_query_that_reads_no_derived_column_reads_no_token_file(tmp_path):
     assert "JOIN" in full.upper()
 
 
-def _as_previous_layout(path, table: str) -> None:
-    """Rewrite a file as the release before this layout wrote it: float64 per-token values, every pass value
-    stored (new_logp, kl from the current view), no entropy_decile."""
-    rows = pq.read_table(path)
-    fields = [pa.field(f.name, pa.float64()) if f.type == pa.float32() else f for f in TABLE_SCHEMAS[table]
-              if f.name != "entropy_decile"]
-    pq.write_table(pa.Table.from_arrays([rows[f.name].cast(f.type) for f in fields], schema=pa.schema(fields)), path)
+_PREVIOUS_RELEASE = ("entropy_decile", "token_text")  # token-pass columns the previous layout did not have
+
+
+def _to_previous_layout(logs_dir, name: str) -> None:
+    """Rewrite a run's step folders as the release before this layout wrote them: float64 per-token values, every
+    pass value stored (new_logp and kl as the current view derives them), no columns of `_PREVIOUS_RELEASE`."""
+    with RunReader(logs_dir, runs=name) as reader:
+        passes = reader.sql("SELECT * FROM token_passes ORDER BY step, rollout_id, \"pass\", position")  # file order
+    live = scan_segments(data_dir_of(logs_dir / name))  # not the folders a merge replaced (being deleted)
+    for path in (p for segment in live for p in Path(segment.path).glob("*.parquet")):
+        table = path.stem
+        rows = pq.read_table(path)
+        if table == "token_passes":
+            mine = passes[passes.step.isin(set(rows["step"].to_pylist()))]
+            for column in ("new_logp", "kl"):
+                rows = rows.set_column(rows.schema.get_field_index(column), column,
+                                       pa.array(mine[column].to_numpy(np.float32)))
+        fields = [pa.field(f.name, pa.float64()) if f.type == pa.float32() else f for f in TABLE_SCHEMAS[table]
+                  if table != "token_passes" or f.name not in _PREVIOUS_RELEASE]
+        pq.write_table(pa.Table.from_arrays([rows[f.name].cast(f.type) for f in fields],
+                                            schema=pa.schema(fields)), path)
 
 
 def test_a_run_of_the_previous_layout_reads_and_compacts(tmp_path):
@@ -128,23 +145,14 @@ def test_a_run_of_the_previous_layout_reads_and_compacts(tmp_path):
     with RunWriter.create(tmp_path, "old", background=False, compact_every=1000) as writer:
         writer.log_step(0, **step)
     with RunReader(tmp_path) as reader:
-        expected = reader.sql("SELECT * FROM token_passes ORDER BY rollout_id, \"pass\", position")  # file order
-        tokens = reader.sql("SELECT * FROM tokens ORDER BY rollout_id, position")
+        expected = reader.sql("SELECT * FROM token_passes ORDER BY rollout_id, \"pass\", position")
+    _to_previous_layout(tmp_path, "old")
     data = data_dir_of(tmp_path / "old")
-    for table in ("tokens", "token_passes"):
-        (path,) = data.rglob(f"{table}.parquet")
-        if table == "token_passes":  # the old writer stored every value
-            rows = pq.read_table(path)
-            for name in ("new_logp", "kl"):
-                rows = rows.set_column(rows.schema.get_field_index(name), name,
-                                       pa.array(expected[name].to_numpy(np.float32)))
-            pq.write_table(rows, path)
-        _as_previous_layout(path, table)
     with RunReader(tmp_path) as reader:
         assert reader.problems == []
         old = reader.sql("SELECT * FROM token_passes ORDER BY rollout_id, \"pass\", position")
-        assert old.entropy_decile.isna().all()
-        pd_testing_equal(old.drop(columns="entropy_decile"), expected.drop(columns="entropy_decile"))
+        assert old.entropy_decile.isna().all() and old.token_text.isna().all()
+        pd_testing_equal(old.drop(columns=list(_PREVIOUS_RELEASE)), expected.drop(columns=list(_PREVIOUS_RELEASE)))
     # Logging on with compaction merges the old step into a chunk in the current layout.
     with RunWriter.resume(tmp_path, "old", compact_every=2, background=False) as writer:
         writer.log_step(1, **step)
@@ -152,9 +160,52 @@ def test_a_run_of_the_previous_layout_reads_and_compacts(tmp_path):
     assert pq.read_schema(chunk).remove_metadata().equals(TABLE_SCHEMAS["token_passes"])
     with RunReader(tmp_path) as reader:
         both = reader.sql("SELECT * FROM token_passes ORDER BY step, rollout_id, \"pass\", position")
-        assert reader.sql("SELECT * FROM tokens WHERE step = 0 ORDER BY position, rollout_id").shape[0] == len(tokens)
-    pd_testing_equal(both[both.step == 0].drop(columns="entropy_decile").reset_index(drop=True),
-                     expected.drop(columns="entropy_decile"))
+    pd_testing_equal(both[both.step == 0].drop(columns=list(_PREVIOUS_RELEASE)),
+                     expected.drop(columns=list(_PREVIOUS_RELEASE)))
+
+
+def _training_run(logs_dir, name: str, steps: int = 3) -> None:
+    with RunWriter.create(logs_dir, name, algorithm="grpo", background=False, compact_every=1000) as writer:
+        for i in range(steps):
+            step = _step("dapo", seed=i)
+            texts = np.array(["a", "b", " c", "\n"], dtype=object)
+            step["tokens"]["token_text"] = texts[(step["tokens"]["position"] * 7 + i) % 4]
+            step["rollouts"] = {"rollout_id": np.arange(4), "kind": ["train"] * 4, "length": [12, 7, 2, 9]}
+            writer.log_step(i, **step)
+
+
+@pytest.mark.parametrize("bucket", [0, 4])
+def test_token_statistics_of_the_previous_layout_equal_the_current(tmp_path, bucket):
+    """The current layout's join-free statistics (text and decile on the passes) against the token join that runs
+    of the previous layout still take: the same numbers, for every bin count."""
+    from dashboard import data
+
+    _training_run(tmp_path, "new")
+    _training_run(tmp_path, "old")
+    _to_previous_layout(tmp_path, "old")
+    with RunReader(tmp_path) as reader:
+        assert data.passes_carry_tokens(reader, "new", 2) and not data.passes_carry_tokens(reader, "old", 2)
+        new, old = (data.token_stats(reader, run, 0, 2, bucket) for run in ("new", "old"))
+        assert len(new) == 4 * (1 if not bucket else 3) and new["count"].sum() == 3 * 30
+        pd_testing_equal(new, old)
+        for bins in (10, 5, 4):
+            new, old = (data.entropy_bins(reader, (run,), 0, 2, bins).drop(columns="run") for run in ("new", "old"))
+            assert new.pass_rows.sum() == 3 * 60
+            pd_testing_equal(new, old)
+
+
+def test_token_statistics_page_opens_on_the_whole_run_when_its_passes_carry_their_tokens(tmp_path, monkeypatch):
+    from test_dashboard import open_page
+
+    from dashboard import queries
+
+    _training_run(tmp_path, "new")
+    _training_run(tmp_path, "old")
+    _to_previous_layout(tmp_path, "old")
+    monkeypatch.setattr(queries, "STATS_DEFAULT_TOKENS", 1)  # every step is over the budget: the last step alone
+    for run, opened in (("new", (0, 2)), ("old", (2, 2))):
+        at = open_page(tmp_path, "token_stats", monkeypatch, run=run)
+        assert at.select_slider(key="stats_steps").value == opened
 
 
 def pd_testing_equal(a, b) -> None:
