@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 import pandas as pd
 
 from engine.clip_codes import CLIP_EVENTS, CLIP_NAMES, CLIP_NONE, rate_column
+from engine.runlog.derived import STORED, kl_sql, new_logp_sql
 
 # DuckDB's memory for the dashboard's queries (they read one step or one run's metrics; the largest, a whole
 # step's token passes, needs well under this), so a dashboard left open stays within a small machine's means.
@@ -35,6 +36,11 @@ def open_reader(logs_dir: str):
 
 
 # ---------------------------------------------------------------- shared fragments
+
+PASSES = STORED.format("token_passes")
+"""The stored token passes: the `token_passes` view derives new_logp and kl with a join to the tokens that DuckDB
+keeps in any query filtered by step or rollout; the dashboard's queries read the stored rows, and those that show
+new_logp or kl derive them from the token row they join anyway (`TOKEN_PASS_COLUMNS`)."""
 
 
 def rollouts_of_step(run: str, step: int, rollout_ids: tuple[int, ...], **more) -> dict:
@@ -174,8 +180,9 @@ ROLLOUT_COLUMNS = """rollout_id, group_id, index_in_group, kind, prompt_id, prom
     reward_components"""
 
 # The columns of a token with the values of one optimisation pass (`t`: tokens, `p`: token_passes).
-TOKEN_PASS_COLUMNS = """t.rollout_id, t.position, t.token_id, t.token_text, t.old_logp, t.ref_logp, t.entropy,
-    t.advantage, t.prm_step, p."pass", p.new_logp, p.ratio, p.clip, p.grad_weight, p.token_loss, p.kl"""
+TOKEN_PASS_COLUMNS = f"""t.rollout_id, t.position, t.token_id, t.token_text, t.old_logp, t.ref_logp, t.entropy,
+    t.advantage, t.prm_step, p."pass", {new_logp_sql("p", "t")} AS new_logp, p.ratio, p.clip, p.grad_weight,
+    p.token_loss, {kl_sql("p", "t")} AS kl"""
 
 
 def step_rollouts(reader, run: str, step: int, kind: str | None = None) -> pd.DataFrame:
@@ -225,7 +232,7 @@ def group_summary(reader, run: str, step: int) -> pd.DataFrame:
 def rollout_passes(reader, run: str, step: int, rollout_id: int) -> list[int]:
     """The optimisation passes that used a rollout. With mini-batches a rollout is in one pass per epoch, not in
     every pass of the step."""
-    frame = reader.sql(f'SELECT DISTINCT "pass" FROM token_passes WHERE {of_rollouts()} ORDER BY 1',
+    frame = reader.sql(f'SELECT DISTINCT "pass" FROM {PASSES} WHERE {of_rollouts()} ORDER BY 1',
                        rollouts_of_step(run, step, (rollout_id,)))
     return [int(p) for p in frame["pass"]]
 
@@ -234,7 +241,7 @@ def update_count(reader, run: str, step: int, rollout_ids: tuple[int, ...]) -> i
     """How many optimisation passes used each of these rollouts (the number of epochs; 0 if none was logged)."""
     frame = reader.sql(
         f"""SELECT coalesce(max(n), 0) AS n FROM (
-               SELECT rollout_id, count(DISTINCT "pass") AS n FROM token_passes WHERE {of_rollouts()}
+               SELECT rollout_id, count(DISTINCT "pass") AS n FROM {PASSES} WHERE {of_rollouts()}
                GROUP BY rollout_id)""",
         rollouts_of_step(run, step, rollout_ids),
     )
@@ -248,7 +255,7 @@ def step_pass_summary(reader, run: str, step: int) -> pd.DataFrame:
     return reader.sql(
         f"""SELECT "pass", count(*) AS tokens, {clip_rates(name=CLIP_NAMES.get)},
                   avg(abs(grad_weight)) AS mean_abs_grad_weight, avg(abs(ratio - 1)) AS mean_abs_ratio_change
-           FROM token_passes WHERE run = $run AND step = $step GROUP BY "pass" ORDER BY "pass" """,
+           FROM {PASSES} WHERE run = $run AND step = $step GROUP BY "pass" ORDER BY "pass" """,
         {"run": run, "step": step},
     )
 
@@ -257,7 +264,7 @@ def rollout_total_weights(reader, run: str, step: int) -> pd.DataFrame:
     """Each trained rollout of a step: its length, advantage and the sum of its tokens' gradient weights in the last
     pass that used it."""
     return reader.sql(
-        """WITH per_pass AS (SELECT rollout_id, "pass", sum(grad_weight) AS weight FROM token_passes
+        f"""WITH per_pass AS (SELECT rollout_id, "pass", sum(grad_weight) AS weight FROM {PASSES}
                              WHERE run = $run AND step = $step GROUP BY rollout_id, "pass"),
                 last AS (SELECT rollout_id, arg_max_null(weight, "pass") AS total_weight FROM per_pass
                          GROUP BY rollout_id)
@@ -276,7 +283,7 @@ def tokens_at_update(reader, run: str, step: int, rollout_ids: tuple[int, ...], 
     return reader.sql(
         f"""
         WITH used AS (
-            SELECT DISTINCT rollout_id, "pass" FROM token_passes WHERE {of_rollouts()}
+            SELECT DISTINCT rollout_id, "pass" FROM {PASSES} WHERE {of_rollouts()}
         ), ranked AS (
             SELECT rollout_id, "pass", row_number() OVER (PARTITION BY rollout_id ORDER BY "pass") - 1 AS k,
                    count(*) OVER (PARTITION BY rollout_id) AS n
@@ -284,7 +291,7 @@ def tokens_at_update(reader, run: str, step: int, rollout_ids: tuple[int, ...], 
         ), chosen AS (
             SELECT rollout_id, "pass" FROM ranked WHERE k = CASE WHEN $update < 0 THEN n - 1 ELSE $update END
         ), passes AS (
-            SELECT p.* FROM token_passes p JOIN chosen c ON c.rollout_id = p.rollout_id AND c."pass" = p."pass"
+            SELECT p.* FROM {PASSES} p JOIN chosen c ON c.rollout_id = p.rollout_id AND c."pass" = p."pass"
             WHERE {of_rollouts("p", listed=False)}
         )
         SELECT {TOKEN_PASS_COLUMNS}
@@ -302,7 +309,7 @@ def rollout_tokens(reader, run: str, step: int, rollout_ids: tuple[int, ...], pa
         f"""
         SELECT {TOKEN_PASS_COLUMNS}
         FROM tokens t
-        LEFT JOIN (SELECT * FROM token_passes WHERE "pass" = $pass AND {of_rollouts(listed=False)}) p
+        LEFT JOIN (SELECT * FROM {PASSES} WHERE "pass" = $pass AND {of_rollouts(listed=False)}) p
                ON p.rollout_id = t.rollout_id AND p.position = t.position
         WHERE {of_rollouts("t")}
         ORDER BY t.rollout_id, t.position
@@ -362,7 +369,7 @@ def train_tokens_per_step(reader, run: str) -> dict[int, int]:
 def passes_carry_tokens(reader, run: str, step: int) -> bool:
     """Whether the token passes of a step carry their token's text (runs logged since the writer copies it, see
     engine.runlog.derived): token statistics then read the passes alone, fast enough over a whole run."""
-    counts = reader.sql("SELECT count(*) AS passes, count(token_text) AS with_text FROM token_passes "
+    counts = reader.sql(f"SELECT count(*) AS passes, count(token_text) AS with_text FROM {PASSES} "
                         "WHERE run = ? AND step = ?", [run, step])
     return 0 < int(counts["passes"][0]) == int(counts["with_text"][0])
 
@@ -496,7 +503,7 @@ _TRAIN_TOKENS = f"""
 """The train tokens of some runs in a step range (eval completions are logged in `tokens` too, but never trained on)."""
 
 _PASSES = f"""
-    SELECT run, {_TOKEN_KEY} AS token_key, clip, grad_weight, ratio FROM token_passes
+    SELECT run, {_TOKEN_KEY} AS token_key, clip, grad_weight, ratio FROM {PASSES}
     WHERE list_contains($runs, run) AND step BETWEEN $first AND $last"""
 """The optimisation passes of some runs in a step range, keyed like `_TRAIN_TOKENS`. Joined to the tokens row by
 row and aggregated straight into the few output groups: a third cheaper than summing each token's passes first."""
@@ -517,7 +524,7 @@ def token_stats(reader, run: str, first: int, last: int, bucket: int) -> pd.Data
                avg(entropy) AS entropy_mean
         FROM ({_TRAIN_TOKENS}) GROUP BY ALL""", params)
     per_pass = _summed(reader, params, keys, f"""
-        SELECT token_text, {position_from} AS position_from, clip, grad_weight, ratio FROM token_passes
+        SELECT token_text, {position_from} AS position_from, clip, grad_weight, ratio FROM {PASSES}
         WHERE list_contains($runs, run) AND step BETWEEN $first AND $last""", f"""
         SELECT t.token_text, t.position_from, p.clip, p.grad_weight, p.ratio
         FROM (SELECT *, {position_from} AS position_from FROM ({_TRAIN_TOKENS})) t
@@ -578,7 +585,7 @@ def entropy_bins(reader, runs: tuple[str, ...], first: int, last: int, bins: int
     if ENTROPY_DECILES % bins == 0:
         totals = _summed(reader, params, ["bin", "run"], f"""
             SELECT run, entropy_decile // {ENTROPY_DECILES // bins} AS bin, clip, grad_weight, NULL::DOUBLE AS ratio
-            FROM token_passes WHERE list_contains($runs, run) AND step BETWEEN $first AND $last""",
+            FROM {PASSES} WHERE list_contains($runs, run) AND step BETWEEN $first AND $last""",
                          from_quantiles.replace("{missing}", " AND entropy_decile IS NULL"))
     else:
         totals = reader.sql(_pass_totals(from_quantiles.replace("{missing}", ""), ["bin", "run"]), params)

@@ -103,18 +103,30 @@ def stored_passes(tokens: pa.Table | None, passes: pa.Table | None) -> pa.Table 
     return passes
 
 
-TOKEN_PASSES_SQL = """
-SELECT run, step, "pass", rollout_id, position, new_logp, ratio, clip, grad_weight, token_loss,
-       coalesce(kl, exp(ref_logp - new_logp) - (ref_logp - new_logp) - 1) AS kl, is_weight, rejected, entropy_decile,
-       token_text
-FROM (
-    SELECT p.run, p.step, p."pass", p.rollout_id, p.position,
-           coalesce(p.new_logp, t.old_logp + ln(p.ratio)) AS new_logp, p.ratio, p.clip, p.grad_weight,
-           p.token_loss, p.kl, p.is_weight, p.rejected, p.entropy_decile, p.token_text, t.ref_logp
-    FROM {passes} p LEFT JOIN (
-        -- grouped on the key so that DuckDB drops the join from a query that reads no derived column
-        SELECT run, step, rollout_id, position, any_value(old_logp) AS old_logp, any_value(ref_logp) AS ref_logp
-        FROM {tokens} GROUP BY run, step, rollout_id, position
-    ) t ON t.run = p.run AND t.step = p.step AND t.rollout_id = p.rollout_id AND t.position = p.position
-)"""
+STORED = "_runlog.{}_files"
+"""The SQL name of a table's stored rows in a `RunReader` (`STORED.format("token_passes")`): what the files hold,
+float32 columns as DOUBLE, the values of this module NULL where they are derived. A query that joins a pass row to
+its token row anyway (the dashboard's) derives them from it with `new_logp_sql` / `kl_sql`, and one that reads no
+derived value (clip, ratio, weights) needs no token row at all."""
+
+
+def new_logp_sql(p: str, t: str) -> str:
+    """SQL of a pass row's new_logp, aliases `p` (stored pass row) and `t` (its token row)."""
+    return f"coalesce({p}.new_logp, {t}.old_logp + ln({p}.ratio))"
+
+
+def kl_sql(p: str, t: str) -> str:
+    """SQL of a pass row's k3 KL to the reference (as `new_logp_sql`)."""
+    x = f"({t}.ref_logp - {new_logp_sql(p, t)})"
+    return f"coalesce({p}.kl, exp({x}) - {x} - 1)"
+
+
+TOKEN_PASSES_SQL = f"""
+SELECT p.run, p.step, p."pass", p.rollout_id, p.position, {new_logp_sql("p", "t")} AS new_logp, p.ratio, p.clip,
+       p.grad_weight, p.token_loss, {kl_sql("p", "t")} AS kl, p.is_weight, p.rejected, p.entropy_decile, p.token_text
+FROM {{passes}} p LEFT JOIN (
+    -- grouped on the key: DuckDB drops the join from a query that reads no derived column and filters on no key
+    SELECT run, step, rollout_id, position, any_value(old_logp) AS old_logp, any_value(ref_logp) AS ref_logp
+    FROM {{tokens}} GROUP BY run, step, rollout_id, position
+) t ON t.run = p.run AND t.step = p.step AND t.rollout_id = p.rollout_id AND t.position = p.position"""
 """The `token_passes` view over the stored rows `{passes}` and `{tokens}` (see the module docstring)."""

@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any
 import duckdb
 import pyarrow as pa
 
-from engine.runlog.derived import TOKEN_PASSES_SQL
+from engine.runlog.derived import STORED, TOKEN_PASSES_SQL
 from engine.runlog.layout import (
     RunInfo,
     RunLogError,
@@ -408,8 +408,8 @@ class RunReader:
         empty = f"_runlog.empty_{table}"
         source = (_parquet_source(table, paths, not self._legacy_files.isdisjoint(paths), empty) if paths
                   else f"SELECT * FROM {empty}")
-        self._con.execute(f"CREATE OR REPLACE VIEW _runlog.{table}_files AS {source}")
-        self._con.execute(f"CREATE OR REPLACE VIEW {table} AS {_view_sql(table, lambda t: f'_runlog.{t}_files')}")
+        self._con.execute(f"CREATE OR REPLACE VIEW {STORED.format(table)} AS {source}")
+        self._con.execute(f"CREATE OR REPLACE VIEW {table} AS {_view_sql(table, STORED.format)}")
         self._views[table] = paths
 
     def _handle_file_error(self, err: duckdb.Error) -> bool:
