@@ -74,8 +74,10 @@ def synthetic_step(step: int, rollouts: int, tokens: int, passes: int, rng: np.r
             "new_logp": np.tile(old_logp, passes) + np.log(ratio), "ratio": ratio,
             "clip": np.where(ratio > 1.28, 2, np.where(ratio < 0.8, 1, 0)).astype(np.int8),
             "grad_weight": rng.normal(size=n * passes), "token_loss": rng.normal(size=n * passes),
-            "kl": rng.exponential(0.01, n * passes),
         }
+        # the trainer's k3 KL to the reference (engine.objectives.k3_kl)
+        x = np.tile(out["tokens"]["ref_logp"], passes) - out["token_passes"]["new_logp"]
+        out["token_passes"]["kl"] = np.exp(x) - x - 1
     return out
 
 

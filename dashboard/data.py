@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 import pandas as pd
 
 from engine.clip_codes import CLIP_COV, CLIP_EVENTS, CLIP_NAMES, CLIP_NONE, rate_column
+from engine.runlog.derived import STORED, kl_sql, new_logp_sql
 
 # DuckDB's memory for the dashboard's queries (they read one step or one run's metrics; the largest, a whole
 # step's token passes, needs well under this), so a dashboard left open stays within a small machine's means.
@@ -35,6 +36,11 @@ def open_reader(logs_dir: str):
 
 
 # ---------------------------------------------------------------- shared fragments
+
+PASSES = STORED.format("token_passes")
+"""The stored token passes: the `token_passes` view derives new_logp and kl with a join to the tokens that DuckDB
+keeps in any query filtered by step or rollout; the dashboard's queries read the stored rows, and those that show
+new_logp or kl derive them from the token row they join anyway (`TOKEN_PASS_COLUMNS`)."""
 
 
 def rollouts_of_step(run: str, step: int, rollout_ids: tuple[int, ...], **more) -> dict:
@@ -175,9 +181,10 @@ ROLLOUT_COLUMNS = """rollout_id, group_id, index_in_group, kind, prompt_id, prom
 
 # The columns of a token with the values of one optimisation pass (`t`: tokens, `p`: token_passes).
 # mismatch: the trainer's log-prob minus the sampler's (engine.corrections' log_ratio), NULL without a sampler.
-TOKEN_PASS_COLUMNS = """t.rollout_id, t.position, t.token_id, t.token_text, t.old_logp, t.ref_logp, t.entropy,
-    t.advantage, t.prm_step, t.sampler_logp, t.old_logp - t.sampler_logp AS mismatch, p."pass", p.new_logp, p.ratio,
-    p.clip, p.grad_weight, p.token_loss, p.kl, p.is_weight, p.rejected"""
+TOKEN_PASS_COLUMNS = f"""t.rollout_id, t.position, t.token_id, t.token_text, t.old_logp, t.ref_logp, t.entropy,
+    t.advantage, t.prm_step, t.sampler_logp, t.old_logp - t.sampler_logp AS mismatch, p."pass",
+    {new_logp_sql("p", "t")} AS new_logp, p.ratio, p.clip, p.grad_weight, p.token_loss, {kl_sql("p", "t")} AS kl,
+    p.is_weight, p.rejected"""
 
 
 def step_rollouts(reader, run: str, step: int, kind: str | None = None) -> pd.DataFrame:
@@ -227,7 +234,7 @@ def group_summary(reader, run: str, step: int) -> pd.DataFrame:
 def rollout_passes(reader, run: str, step: int, rollout_id: int) -> list[int]:
     """The optimisation passes that used a rollout. With mini-batches a rollout is in one pass per epoch, not in
     every pass of the step."""
-    frame = reader.sql(f'SELECT DISTINCT "pass" FROM token_passes WHERE {of_rollouts()} ORDER BY 1',
+    frame = reader.sql(f'SELECT DISTINCT "pass" FROM {PASSES} WHERE {of_rollouts()} ORDER BY 1',
                        rollouts_of_step(run, step, (rollout_id,)))
     return [int(p) for p in frame["pass"]]
 
@@ -236,7 +243,7 @@ def update_count(reader, run: str, step: int, rollout_ids: tuple[int, ...]) -> i
     """How many optimisation passes used each of these rollouts (the number of epochs; 0 if none was logged)."""
     frame = reader.sql(
         f"""SELECT coalesce(max(n), 0) AS n FROM (
-               SELECT rollout_id, count(DISTINCT "pass") AS n FROM token_passes WHERE {of_rollouts()}
+               SELECT rollout_id, count(DISTINCT "pass") AS n FROM {PASSES} WHERE {of_rollouts()}
                GROUP BY rollout_id)""",
         rollouts_of_step(run, step, rollout_ids),
     )
@@ -250,7 +257,7 @@ def step_pass_summary(reader, run: str, step: int) -> pd.DataFrame:
     return reader.sql(
         f"""SELECT "pass", count(*) AS tokens, {clip_rates(name=CLIP_NAMES.get)},
                   avg(abs(grad_weight)) AS mean_abs_grad_weight, avg(abs(ratio - 1)) AS mean_abs_ratio_change
-           FROM token_passes WHERE run = $run AND step = $step GROUP BY "pass" ORDER BY "pass" """,
+           FROM {PASSES} WHERE run = $run AND step = $step GROUP BY "pass" ORDER BY "pass" """,
         {"run": run, "step": step},
     )
 
@@ -259,7 +266,7 @@ def rollout_total_weights(reader, run: str, step: int) -> pd.DataFrame:
     """Each trained rollout of a step: its length, advantage and the sum of its tokens' gradient weights in the last
     pass that used it."""
     return reader.sql(
-        """WITH per_pass AS (SELECT rollout_id, "pass", sum(grad_weight) AS weight FROM token_passes
+        f"""WITH per_pass AS (SELECT rollout_id, "pass", sum(grad_weight) AS weight FROM {PASSES}
                              WHERE run = $run AND step = $step GROUP BY rollout_id, "pass"),
                 last AS (SELECT rollout_id, arg_max_null(weight, "pass") AS total_weight FROM per_pass
                          GROUP BY rollout_id)
@@ -278,7 +285,7 @@ def tokens_at_update(reader, run: str, step: int, rollout_ids: tuple[int, ...], 
     return reader.sql(
         f"""
         WITH used AS (
-            SELECT DISTINCT rollout_id, "pass" FROM token_passes WHERE {of_rollouts()}
+            SELECT DISTINCT rollout_id, "pass" FROM {PASSES} WHERE {of_rollouts()}
         ), ranked AS (
             SELECT rollout_id, "pass", row_number() OVER (PARTITION BY rollout_id ORDER BY "pass") - 1 AS k,
                    count(*) OVER (PARTITION BY rollout_id) AS n
@@ -286,7 +293,7 @@ def tokens_at_update(reader, run: str, step: int, rollout_ids: tuple[int, ...], 
         ), chosen AS (
             SELECT rollout_id, "pass" FROM ranked WHERE k = CASE WHEN $update < 0 THEN n - 1 ELSE $update END
         ), passes AS (
-            SELECT p.* FROM token_passes p JOIN chosen c ON c.rollout_id = p.rollout_id AND c."pass" = p."pass"
+            SELECT p.* FROM {PASSES} p JOIN chosen c ON c.rollout_id = p.rollout_id AND c."pass" = p."pass"
             WHERE {of_rollouts("p", listed=False)}
         )
         SELECT {TOKEN_PASS_COLUMNS}
@@ -304,7 +311,7 @@ def _tokens_of_pass(columns: str) -> str:
     return f"""
         SELECT {columns}
         FROM tokens t
-        LEFT JOIN (SELECT * FROM token_passes WHERE "pass" = $pass AND {of_rollouts(listed=False)}) p
+        LEFT JOIN (SELECT * FROM {PASSES} WHERE "pass" = $pass AND {of_rollouts(listed=False)}) p
                ON p.rollout_id = t.rollout_id AND p.position = t.position
         WHERE {of_rollouts("t")} AND t.position BETWEEN coalesce($first_pos, 0) AND coalesce($last_pos, 2147483647)
         """
@@ -324,8 +331,8 @@ def rollout_tokens(reader, run: str, step: int, rollout_ids: tuple[int, ...], pa
 # The per-token channels of the Token inspector (dashboard.tokens.CHANNELS) as SQL over the tokens (t) and one
 # pass (p); a bin holds their means. rejected: the share of the bin's tokens the corrections took out of the loss.
 BINNED_CHANNELS = {
-    "advantage": "t.advantage", "ratio": "p.ratio", "new_logp": "p.new_logp", "old_logp": "t.old_logp",
-    "ref_logp": "t.ref_logp", "entropy": "t.entropy", "kl": "p.kl", "grad_weight": "p.grad_weight",
+    "advantage": "t.advantage", "ratio": "p.ratio", "new_logp": new_logp_sql("p", "t"), "old_logp": "t.old_logp",
+    "ref_logp": "t.ref_logp", "entropy": "t.entropy", "kl": kl_sql("p", "t"), "grad_weight": "p.grad_weight",
     "token_loss": "p.token_loss", "sampler_logp": "t.sampler_logp", "mismatch": "t.old_logp - t.sampler_logp",
     "is_weight": "p.is_weight", "rejected": "(p.rejected <> 0)::DOUBLE",
 }
@@ -400,6 +407,14 @@ def train_tokens_per_step(reader, run: str) -> dict[int, int]:
     frame = reader.sql("SELECT step, coalesce(sum(length), 0) AS tokens FROM rollouts "
                        "WHERE run = ? AND kind = 'train' GROUP BY step", [run])
     return {int(s): int(n) for s, n in zip(frame["step"], frame["tokens"], strict=True)}
+
+
+def passes_carry_tokens(reader, run: str, step: int) -> bool:
+    """Whether the token passes of a step carry their token's text (runs logged since the writer copies it, see
+    engine.runlog.derived): token statistics then read the passes alone, fast enough over a whole run."""
+    counts = reader.sql(f"SELECT count(*) AS passes, count(token_text) AS with_text FROM {PASSES} "
+                        "WHERE run = ? AND step = ?", [run, step])
+    return 0 < int(counts["passes"][0]) == int(counts["with_text"][0])
 
 
 def run_has_prm(reader, run: str) -> bool:
@@ -531,7 +546,7 @@ _TRAIN_TOKENS = f"""
 """The train tokens of some runs in a step range (eval completions are logged in `tokens` too, but never trained on)."""
 
 _PASSES = f"""
-    SELECT run, {_TOKEN_KEY} AS token_key, clip, grad_weight, ratio FROM token_passes
+    SELECT run, {_TOKEN_KEY} AS token_key, clip, grad_weight, ratio FROM {PASSES}
     WHERE list_contains($runs, run) AND step BETWEEN $first AND $last"""
 """The optimisation passes of some runs in a step range, keyed like `_TRAIN_TOKENS`. Joined to the tokens row by
 row and aggregated straight into the few output groups: a third cheaper than summing each token's passes first."""
@@ -540,31 +555,40 @@ row and aggregated straight into the few output groups: a third cheaper than sum
 def token_stats(reader, run: str, first: int, last: int, bucket: int) -> pd.DataFrame:
     """Per token text (and per position bucket of `bucket` positions when bucket > 0) over steps first..last:
     count of train tokens, mean advantage and entropy, clip rates (low, high, dual: fractions of the token's
-    optimisation passes), mean |gradient weight| and mean |ratio - 1| per pass."""
-    rates = ", ".join(f'b."{rate_column(code)}"' for code in CLIP_EVENTS)
-    return reader.sql(
-        f"""
-        WITH tok AS (
-            SELECT *, CASE WHEN $bucket > 0 THEN position // $bucket * $bucket END AS position_from
-            FROM ({_TRAIN_TOKENS})
-        ), per_token AS (
-            SELECT token_text, position_from, count(*) AS count, avg(advantage) AS advantage_mean,
-                   avg(entropy) AS entropy_mean
-            FROM tok GROUP BY ALL
-        ), per_pass AS (
-            SELECT t.token_text, t.position_from, count(*) AS passes, {clip_rates("p.clip")},
-                   sum(abs(p.grad_weight)) AS abs_weight, sum(abs(p.ratio - 1)) AS ratio_dev
-            FROM tok t JOIN ({_PASSES}) p USING (run, token_key) GROUP BY ALL
-        )
-        SELECT a.token_text, a.position_from, a.count, a.advantage_mean, {rates},
-               b.abs_weight / b.passes AS abs_grad_weight_mean, b.ratio_dev / b.passes AS ratio_deviation_mean,
-               a.entropy_mean
-        FROM per_token a LEFT JOIN per_pass b
-             ON b.token_text = a.token_text AND b.position_from IS NOT DISTINCT FROM a.position_from
-        ORDER BY a.count DESC, a.token_text, a.position_from
-        """,
-        {"runs": [run], "first": first, "last": last, "bucket": bucket},
-    )
+    optimisation passes), mean |gradient weight| and mean |ratio - 1| per pass.
+
+    The passes carry their token's text (engine.runlog.derived), so they are summed without joining the tokens
+    (a whole 100M-token run took 44 s with the join); pass rows without it (runs logged before it) are joined."""
+    params = {"runs": [run], "first": first, "last": last, "bucket": bucket}
+    position_from = "CASE WHEN $bucket > 0 THEN position // $bucket * $bucket END"
+    keys = ["token_text", "position_from"]
+    per_token = reader.sql(f"""
+        SELECT token_text, {position_from} AS position_from, count(*) AS count, avg(advantage) AS advantage_mean,
+               avg(entropy) AS entropy_mean
+        FROM ({_TRAIN_TOKENS}) GROUP BY ALL""", params)
+    per_pass = _summed(reader, params, keys, f"""
+        SELECT token_text, {position_from} AS position_from, clip, grad_weight, ratio FROM {PASSES}
+        WHERE list_contains($runs, run) AND step BETWEEN $first AND $last""", f"""
+        SELECT t.token_text, t.position_from, p.clip, p.grad_weight, p.ratio
+        FROM (SELECT *, {position_from} AS position_from FROM ({_TRAIN_TOKENS})) t
+        JOIN ({_PASSES} AND token_text IS NULL) p USING (run, token_key)""")
+    out = per_token.merge(_with_rates(per_pass), on=keys, how="left")
+    out["abs_grad_weight_mean"] = out.pop("abs_weight") / out["pass_rows"]
+    out["ratio_deviation_mean"] = out.pop("ratio_dev") / out.pop("pass_rows")
+    out["entropy_mean"] = out.pop("entropy_mean")
+    out = out.drop(columns="clip_rate").sort_values(["count", *keys], ascending=[False, True, True])
+    return out.reset_index(drop=True)
+
+
+def _summed(reader, params: dict, keys: list[str], stored: str, joined: str) -> pd.DataFrame:
+    """`_pass_totals` per `keys` of the pass rows `stored` (SQL of rows with the keys, clip, grad_weight, ratio),
+    where the first key is NULL on rows logged without it, which `joined` (the same rows with the key from the
+    tokens, for those rows only) replaces: run only when there are such rows."""
+    totals = reader.sql(_pass_totals(stored, keys), params)
+    if totals[keys[0]].isna().any():
+        totals = pd.concat([totals.dropna(subset=[keys[0]]), reader.sql(_pass_totals(joined, keys), params)])
+        totals = totals.groupby(keys, as_index=False, dropna=False).sum()
+    return totals
 
 
 def rollouts_with_token(reader, run: str, first: int, last: int, token_text: str, bucket: int,
@@ -592,15 +616,65 @@ def entropy_bins(reader, runs: tuple[str, ...], first: int, last: int, bins: int
     A response's cut points are the linearly interpolated quantiles of its token entropies at 1/bins, 2/bins, ...
     (as torch.nanquantile computes them); a token's bin is the number of cut points strictly below its entropy. With
     10 bins, bins 8 and 9 are exactly the tokens ASPO treats as high-entropy (entropy > the 80th percentile).
+
+    With 2, 5 or 10 bins the writer's `entropy_decile` of each pass row gives the bin (decile // (10 / bins)): one
+    scan of the passes, no tokens read (a whole 100M-token run fits). Pass rows without it (runs logged before it)
+    and other bin counts compute the quantiles from the tokens.
     """
     if not (isinstance(bins, int) and 2 <= bins <= 100):
         raise ValueError(f"bins = {bins!r}; accepted: an integer from 2 to 100")
+    params = {"runs": list(runs), "first": first, "last": last}
+    from_quantiles = _quantile_bins(bins)
+    if ENTROPY_DECILES % bins == 0:
+        totals = _summed(reader, params, ["bin", "run"], f"""
+            SELECT run, entropy_decile // {ENTROPY_DECILES // bins} AS bin, clip, grad_weight, NULL::DOUBLE AS ratio
+            FROM {PASSES} WHERE list_contains($runs, run) AND step BETWEEN $first AND $last""",
+                         from_quantiles.replace("{missing}", " AND entropy_decile IS NULL"))
+    else:
+        totals = reader.sql(_pass_totals(from_quantiles.replace("{missing}", ""), ["bin", "run"]), params)
+    algorithms = reader.sql("SELECT run, algorithm FROM runs WHERE list_contains($runs, run)", {"runs": list(runs)})
+    out = algorithms.merge(_with_rates(totals.drop(columns="ratio_dev")), on="run")
+    out = out.sort_values(["run", "bin"], ignore_index=True).astype({"bin": int})
+    out.insert(3, "quantile_mid", (out["bin"] + 0.5) / bins)
+    out["abs_weight"] = out.pop("abs_weight")
+    run_total = out.groupby("run")["abs_weight"].transform("sum")
+    out["weight_share"] = out["abs_weight"] / run_total.where(run_total != 0)
+    return out[["algorithm", "run", "bin", "quantile_mid", "pass_rows", "clip_rate",
+                *(rate_column(code) for code in CLIP_EVENTS), "abs_weight", "weight_share"]]
+
+
+ENTROPY_DECILES = 10
+"""The resolution of the token passes' stored `entropy_decile` (engine.runlog.derived)."""
+
+
+def _pass_totals(rows: str, keys: list[str]) -> str:
+    """Per `keys` of `rows` (SQL of rows with the keys, clip, grad_weight, ratio): pass rows, rows with a clip
+    code (clip_rows), the clipped ones and one count per clip code, the sums of |gradient weight| and |ratio - 1|:
+    totals that add up across parts (`_with_rates` turns them into shares)."""
+    counts = ", ".join(f'count(*) FILTER (WHERE clip = {int(code)}) AS "{rate_column(code)}"' for code in CLIP_EVENTS)
+    return f"""
+        SELECT {", ".join(keys)}, count(*) AS pass_rows, count(clip) AS clip_rows,
+               count(*) FILTER (WHERE clip <> {CLIP_NONE}) AS clipped, {counts}, sum(abs(grad_weight)) AS abs_weight,
+               sum(abs(ratio - 1)) AS ratio_dev
+        FROM ({rows}) GROUP BY ALL"""
+
+
+def _with_rates(totals: pd.DataFrame) -> pd.DataFrame:
+    """`_pass_totals` with the clip counts as shares of the rows with a clip code (clip_rate: any clip)."""
+    judged = totals.pop("clip_rows").where(lambda n: n > 0)
+    out = totals.assign(clip_rate=totals.pop("clipped") / judged)
+    for code in CLIP_EVENTS:
+        out[rate_column(code)] = out.pop(rate_column(code)) / judged
+    return out
+
+
+def _quantile_bins(bins: int) -> str:
+    """(run, bin, clip, grad_weight, ratio) of the pass rows of train tokens, the bin computed from the quantiles
+    of each response's token entropies; `{missing}` stands for a further condition on the passes."""
     cuts = ", ".join(f"{k / bins!r}" for k in range(1, bins))
     # Written out (from the integer `bins` only): one comparison per cut point is cheaper than a list lambda.
     bin_of = " + ".join(f"(t.entropy > c.cuts[{k}])::INT" for k in range(1, bins))
-    rates = ", ".join(f'pb."{rate_column(code)}"' for code in CLIP_EVENTS)
-    return reader.sql(
-        f"""
+    return f"""
         WITH tok AS ({_TRAIN_TOKENS}),
         cut_points AS (
             SELECT run, step, rollout_id, quantile_cont(entropy, [{cuts}]) AS cuts
@@ -608,26 +682,16 @@ def entropy_bins(reader, runs: tuple[str, ...], first: int, last: int, bins: int
         ), binned AS (
             SELECT t.run, t.token_key, {bin_of} AS bin
             FROM tok t JOIN cut_points c USING (run, step, rollout_id) WHERE t.entropy IS NOT NULL
-        ), per_bin AS (
-            SELECT b.run, b.bin, count(*) AS pass_rows, avg((p.clip <> {CLIP_NONE})::DOUBLE) AS clip_rate,
-                   {clip_rates("p.clip")}, sum(abs(p.grad_weight)) AS abs_weight
-            FROM binned b JOIN ({_PASSES}) p USING (run, token_key)
-            GROUP BY b.run, b.bin
         )
-        SELECT x.algorithm, pb.run, pb.bin, (pb.bin + 0.5) / $bins AS quantile_mid, pb.pass_rows, pb.clip_rate,
-               {rates}, pb.abs_weight,
-               pb.abs_weight / nullif(sum(pb.abs_weight) OVER (PARTITION BY pb.run), 0) AS weight_share
-        FROM per_bin pb JOIN runs x ON x.run = pb.run ORDER BY pb.run, pb.bin
-        """,
-        {"runs": list(runs), "first": first, "last": last, "bins": bins},
-    )
+        SELECT b.run, b.bin, p.clip, p.grad_weight, p.ratio
+        FROM binned b JOIN ({_PASSES}{{missing}}) p USING (run, token_key)"""
 
 
 # ---------------------------------------------------------------- covariance and KL drivers (arXiv 2505.22617)
 
 _LOSS_TOKEN_PASSES = f"""
-    SELECT t.step, p."pass", t.rollout_id, t.position, t.token_text, t.entropy, t.advantage, p.new_logp,
-           nullif(p.kl, 'NaN'::DOUBLE) AS kl, p.clip
+    SELECT t.step, p."pass", t.rollout_id, t.position, t.token_text, t.entropy, t.advantage,
+           {new_logp_sql("p", "t")} AS new_logp, nullif({kl_sql("p", "t")}, 'NaN'::DOUBLE) AS kl, p.clip
     FROM (
         SELECT t.*, {_TOKEN_KEY} AS token_key FROM tokens t SEMI JOIN (
             SELECT run, step, rollout_id FROM rollouts
@@ -635,7 +699,7 @@ _LOSS_TOKEN_PASSES = f"""
         ) r ON r.run = t.run AND r.step = t.step AND r.rollout_id = t.rollout_id
         WHERE t.run = $run AND t.step BETWEEN $first AND $last
     ) t JOIN (
-        SELECT run, "pass", {_TOKEN_KEY} AS token_key, new_logp, kl, clip FROM token_passes
+        SELECT run, "pass", {_TOKEN_KEY} AS token_key, new_logp, ratio, kl, clip FROM {PASSES}
         WHERE run = $run AND step BETWEEN $first AND $last AND coalesce(rejected, 0) = 0
     ) p USING (run, token_key)"""
 """The loss tokens of a run's optimisation passes in steps first..last: train rollouts not filtered out (DAPO's

@@ -128,11 +128,18 @@ def step_whitening(logs_dir: str, run: str, step: int) -> tuple[float, float] | 
     return data.step_whitening(get_reader(logs_dir), run, step)
 
 
-# The step range the Token statistics page opens on: the latest steps holding at most this many train tokens (its
-# queries take about half a second there: 2M tokens took 0.94 s). Over all 100M tokens of a large run its statistics
+# The step range the Token statistics page opens on for a run whose token passes do not carry their token's text
+# (logged before they did, `passes_carry_tokens`): the latest steps holding at most this many train tokens (its
+# queries take about half a second there: 2M tokens took 0.94 s). Over all 100M tokens of such a run its statistics
 # take 44 s and its entropy bins need more memory than the dashboard gives DuckDB; a wider range is one slider move
-# away. A run of up to a million train tokens (every demo run) opens on all its steps.
+# away. A run of up to a million train tokens (every demo run) opens on all its steps, and so does any run logged
+# since: its statistics read the passes alone (see docs/benchmarks.md, "Bytes per row").
 STATS_DEFAULT_TOKENS = 1_000_000
+
+
+@st.cache_data(ttl=RUN_TTL, show_spinner=False)
+def passes_carry_tokens(logs_dir: str, run: str, step: int, version: tuple) -> bool:
+    return data.passes_carry_tokens(get_reader(logs_dir), run, step)
 
 
 @st.cache_data(ttl=RUN_TTL, show_spinner=False)

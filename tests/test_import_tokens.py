@@ -74,7 +74,8 @@ def test_every_token_column_holds_what_the_dump_wrote(source, samples, tokenizer
                                                                            w["token_id"])
                 assert g["token_text"] == text.token(w["token_id"])
                 for column in COLUMNS[source]:
-                    assert g[column] == pytest.approx(w[column], abs=1e-12), column
+                    # per-token floats are stored as float32
+                    assert g[column] == pytest.approx(w[column], rel=2**-23, abs=1e-12), column
                 for column in {"sampler_logp", "old_logp", "entropy", "ref_logp", "value", "return"} - set(
                         COLUMNS[source]):
                     assert g[column] is None or math.isnan(g[column]), column

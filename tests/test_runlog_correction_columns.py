@@ -27,8 +27,8 @@ def _passes(n: int, rng: np.random.Generator, corrected: bool = True) -> dict:
 
 def test_the_columns_are_nullable_at_the_end_of_token_passes_and_marked_added():
     fields = TABLE_SCHEMAS["token_passes"]
-    assert fields.names[-2:] == NEW
-    assert fields.field("is_weight").type == pa.float64() and fields.field("rejected").type == pa.int8()
+    assert fields.names[-4:-2] == NEW  # entropy_decile and token_text were added after them
+    assert fields.field("is_weight").type == pa.float32() and fields.field("rejected").type == pa.int8()
     assert all(fields.field(name).nullable for name in NEW)
     assert set(NEW) <= set(ADDED_COLUMNS["token_passes"])
 
@@ -42,7 +42,7 @@ def test_they_read_back_through_the_reader_and_the_cli(tmp_path, capsys):
     with RunReader(tmp_path) as reader:
         for step, cols in steps.items():
             got = reader.sql("SELECT is_weight, rejected FROM token_passes WHERE step = ? ORDER BY position", [step])
-            np.testing.assert_array_equal(got.is_weight.to_numpy(), cols["is_weight"])
+            np.testing.assert_array_equal(got.is_weight.to_numpy(), cols["is_weight"].astype(np.float32))
             np.testing.assert_array_equal(got.rejected.to_numpy(), cols["rejected"])
     query = "SELECT count(*) FILTER (WHERE rejected > 0) AS out FROM token_passes WHERE step = 3"
     assert main(["sql", "corr", query, "--logs-dir", str(tmp_path)]) == 0

@@ -29,7 +29,7 @@ def _tokens(n: int, rng: np.random.Generator, sampler: bool = True) -> dict:
 def test_the_columns_are_in_the_schema_as_nullable_floats_and_marked_added():
     fields = {f.name: f for f in TABLE_SCHEMAS["tokens"]}
     for name in NEW:
-        assert str(fields[name].type) == "double" and fields[name].nullable
+        assert str(fields[name].type) == "float" and fields[name].nullable  # float32, read as DOUBLE
         assert name in ADDED_COLUMNS["tokens"]
 
 
@@ -46,7 +46,8 @@ def test_a_step_with_sampler_logps_reads_back_through_reader_sql_and_export(tmp_
                              "WHERE step = ? ORDER BY position", [step])
             assert got.position.tolist() == list(range(len(cols["position"])))
             for name in ["old_logp", *NEW]:
-                np.testing.assert_array_equal(got[name].to_numpy(), cols[name])  # stored exactly
+                # stored exactly as their float32 rounding
+                np.testing.assert_array_equal(got[name].to_numpy(), cols[name].astype(np.float32))
         exported = reader.export(tmp_path / "run.duckdb")
     with duckdb.connect(str(exported), read_only=True) as con:
         assert con.execute("SELECT count(sampler_logp), count(sampler_logp_full) FROM tokens").fetchone() == (
@@ -68,7 +69,7 @@ def test_the_row_builder_fills_missing_columns_with_null_and_refuses_a_misspelt_
     assert rows.column("sampler_logp").null_count == 3 and rows.column("step").to_pylist() == [4] * 3
     with pytest.raises(RunLogError, match=r"tokens: unknown column\(s\) \['sampler_logprob'\]"):
         table_rows("tokens", {"rollout_id": [0], "position": [0], "sampler_logprob": [-0.1]}, "r", 0)
-    with pytest.raises(RunLogError, match=r"tokens.sampler_logp: cannot store string as double"):
+    with pytest.raises(RunLogError, match=r"tokens.sampler_logp: cannot store string as float"):
         table_rows("tokens", {"rollout_id": [0], "position": [0], "sampler_logp": ["high"]}, "r", 0)
 
 
@@ -90,4 +91,4 @@ def test_a_run_logged_before_the_columns_reads_them_as_null_and_compacts_into_th
         got = reader.sql("SELECT step, sampler_logp FROM tokens ORDER BY step, position")
     assert got.step.tolist() == [1] * 4 + [2] * 2
     assert got.sampler_logp.isna().tolist() == [True] * 4 + [False] * 2
-    np.testing.assert_array_equal(got.sampler_logp.to_numpy()[4:], fresh["sampler_logp"])
+    np.testing.assert_array_equal(got.sampler_logp.to_numpy()[4:], fresh["sampler_logp"].astype(np.float32))

@@ -80,10 +80,12 @@ def test_reference_scoring_equals_a_manual_forward_pass(random_policy, temperatu
 
 
 def logged(logs_dir, table: str) -> pd.DataFrame:
-    """Every row of a table straight from the run's Parquet files with pandas (not the run-log reader)."""
+    """Every row of a table straight from the run's Parquet files with pandas (not the run-log reader), float32
+    columns as float64 (as the reader shows them: sums over them are then the reader's to rounding)."""
     files = sorted(p for p in Path(logs_dir).glob(f"*/data/**/{table}.parquet")
                    if not any(part.startswith(".") for part in p.relative_to(logs_dir).parts))
     frame = pd.concat([pd.read_parquet(f) for f in files], ignore_index=True)
+    frame = frame.astype({c: "float64" for c in frame.columns if frame[c].dtype == "float32"})
     return frame.drop_duplicates(subset=[c for c in frame.columns if frame[c].map(np.isscalar).all()])
 
 

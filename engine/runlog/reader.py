@@ -19,7 +19,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import duckdb
+import pyarrow as pa
 
+from engine.runlog.derived import STORED, TOKEN_PASSES_SQL
 from engine.runlog.layout import (
     RunInfo,
     RunLogError,
@@ -33,7 +35,7 @@ from engine.runlog.layout import (
     validate_run_name,
 )
 from engine.runlog.repair import LEGACY, check_file, damaged_pages
-from engine.runlog.schema import DATA_TABLES, RUNS_SCHEMA, TABLE_SCHEMAS, columns_ddl
+from engine.runlog.schema import DATA_TABLES, RUNS_SCHEMA, TABLE_SCHEMAS, columns_ddl, view_schema
 
 if TYPE_CHECKING:  # pandas is imported only when a DataFrame is asked for: `policylens runs` starts faster
     import pandas as pd
@@ -52,12 +54,22 @@ def _sql_str(value: str) -> str:
     return "'" + value.replace("'", "''") + "'"
 
 
+def _view_sql(table: str, files: Callable[[str], str]) -> str:
+    """SQL of a table's view over `files(table)`, the SQL names of its stored rows: the stored rows as they are,
+    but for `token_passes`, which derives the values the writer left out (engine.runlog.derived)."""
+    if table == "token_passes":
+        return TOKEN_PASSES_SQL.format(passes=files("token_passes"), tokens=files("tokens"))
+    return f"SELECT * FROM {files(table)}"
+
+
 def _parquet_source(table: str, paths: list[str], legacy: bool, empty: str) -> str:
     """SQL reading `table`'s columns from these files (explicit columns: a `key=value` folder above the logs
     folder would otherwise add a column). `legacy`: some files predate `ADDED_COLUMNS`; a by-name union with
     `empty`, a table of the current schema and no rows, reads those columns of theirs as NULL."""
     listing = ", ".join(_sql_str(p) for p in paths)
-    columns = ", ".join(f'"{name}"' for name in TABLE_SCHEMAS[table].names)
+    # float32 columns read as DOUBLE (`view_schema`), whichever type a file has
+    columns = ", ".join(f'CAST("{f.name}" AS DOUBLE) AS "{f.name}"' if pa.types.is_float32(f.type) else f'"{f.name}"'
+                        for f in TABLE_SCHEMAS[table])
     files = f"read_parquet([{listing}], hive_partitioning = true, hive_types = {{'run': 'VARCHAR'}}"
     if not legacy:
         return f"SELECT {columns} FROM {files})"
@@ -128,6 +140,8 @@ class RunReader:
         # Only these tables' files are checked and read; the other views stay empty (`policylens runs` needs the
         # steps only: 0.2 s instead of 1.3 s to open 200 runs).
         self.tables = DATA_TABLES if tables is None else tuple(tables)
+        if "token_passes" in self.tables and "tokens" not in self.tables:
+            self.tables += ("tokens",)  # the token rows complete the stored passes (see `_view_sql`)
         if unknown := sorted(set(self.tables) - set(DATA_TABLES)):
             raise RunLogError(f"unknown table(s) {unknown}; the tables are {list(DATA_TABLES)}")
         self.problems: list[str] = []
@@ -173,7 +187,7 @@ class RunReader:
         # Plain SQL tables, not registered Python objects: registering makes DuckDB import pandas (1 s).
         con.execute("CREATE SCHEMA IF NOT EXISTS _runlog")  # out of the way of users' SHOW TABLES
         for table, schema in {**TABLE_SCHEMAS, "runs": RUNS_SCHEMA}.items():
-            con.execute(f"CREATE OR REPLACE TABLE _runlog.empty_{table} ({columns_ddl(schema)})")
+            con.execute(f"CREATE OR REPLACE TABLE _runlog.empty_{table} ({columns_ddl(view_schema(schema))})")
 
     def __enter__(self) -> RunReader:
         return self
@@ -394,7 +408,8 @@ class RunReader:
         empty = f"_runlog.empty_{table}"
         source = (_parquet_source(table, paths, not self._legacy_files.isdisjoint(paths), empty) if paths
                   else f"SELECT * FROM {empty}")
-        self._con.execute(f"CREATE OR REPLACE VIEW {table} AS {source}")
+        self._con.execute(f"CREATE OR REPLACE VIEW {STORED.format(table)} AS {source}")
+        self._con.execute(f"CREATE OR REPLACE VIEW {table} AS {_view_sql(table, STORED.format)}")
         self._views[table] = paths
 
     def _handle_file_error(self, err: duckdb.Error) -> bool:
@@ -479,12 +494,15 @@ class RunReader:
                 try:
                     with duckdb.connect(str(tmp)) as out:
                         for table in DATA_TABLES:
-                            out.execute(f"CREATE TABLE {table} ({columns_ddl(TABLE_SCHEMAS[table])})")
-                            if paths := self._views[table]:
-                                out.execute(f"CREATE TEMP TABLE empty_{table} AS FROM {table} LIMIT 0")
-                                legacy = not self._legacy_files.isdisjoint(paths)
-                                out.execute(f"INSERT INTO {table} "
-                                            f"{_parquet_source(table, paths, legacy, f'empty_{table}')}")
+                            out.execute(f"CREATE TABLE {table} ({columns_ddl(view_schema(TABLE_SCHEMAS[table]))})")
+                            out.execute(f"CREATE TEMP TABLE empty_{table} AS FROM {table} LIMIT 0")
+                            paths = self._views[table]
+                            legacy = not self._legacy_files.isdisjoint(paths)
+                            source = (_parquet_source(table, paths, legacy, f"empty_{table}") if paths
+                                      else f"FROM empty_{table}")
+                            out.execute(f"CREATE TEMP VIEW {table}_files AS {source}")
+                        for table in DATA_TABLES:  # after every table's files: token_passes reads the tokens'
+                            out.execute(f"INSERT INTO {table} {_view_sql(table, lambda t: f'{t}_files')}")
                         out.execute(f"CREATE TABLE runs ({columns_ddl(RUNS_SCHEMA)})")
                         _insert_rows(out, "runs", self._runs_rows or [])
                     os.replace(tmp, path)

@@ -29,6 +29,9 @@ import pyarrow as pa
 from engine.runlog.layout import RunLogError, json_default
 
 _F = pa.float64()
+# Per-token values (log-probs, entropies, advantages, ratios, weights, losses) are stored as float32: what
+# trainers compute them in (bf16 training has less precision still), at half the bytes. Views read them as DOUBLE.
+_F32 = pa.float32()
 _I = pa.int64()
 _S = pa.string()
 
@@ -68,14 +71,14 @@ TABLE_SCHEMAS: dict[str, pa.Schema] = {
     ),
     "tokens": pa.schema(
         [("run", _S), ("step", _I), ("rollout_id", _I), ("position", _I), ("token_id", _I), ("token_text", _S),
-         ("old_logp", _F), ("ref_logp", _F), ("entropy", _F), ("advantage", _F), ("prm_step", _I),
-         ("value", _F), ("return", _F), ("kl_reward", _F),  # critic algorithms only
+         ("old_logp", _F32), ("ref_logp", _F32), ("entropy", _F32), ("advantage", _F32), ("prm_step", _I),
+         ("value", _F32), ("return", _F32), ("kl_reward", _F32),  # critic algorithms only
          # What the sampler (the rollout engine: vLLM, SGLang, ...) reported for the sampled token, next to
          # `old_logp`, the trainer's own recomputation: their gap is the sampler/trainer mismatch.
          # sampler_logp: its log-prob after the sampling transforms it applied (temperature, top-p / top-k
          # truncation renormalised); sampler_logp_full: the same token's log-prob before top-p / top-k truncation.
          # NULL when the producer had no sampler log-probs (and in runs logged before these columns).
-         ("sampler_logp", _F), ("sampler_logp_full", _F),
+         ("sampler_logp", _F32), ("sampler_logp_full", _F32),
          # Per-token fields of an imported run outside this schema and outside `dump` (a field of a dump format
          # added later), one JSON object per token; SQL reads them with `extra->>'name'`. Runs imported before
          # `dump` existed hold all their fields here (`extra->>'loss_mask'`).
@@ -85,12 +88,16 @@ TABLE_SCHEMAS: dict[str, pa.Schema] = {
          ("dump", DUMP_FIELDS)]
     ),
     "token_passes": pa.schema(
-        [("run", _S), ("step", _I), ("pass", _I), ("rollout_id", _I), ("position", _I), ("new_logp", _F),
-         ("ratio", _F), ("clip", pa.int8()), ("grad_weight", _F), ("token_loss", _F), ("kl", _F),
+        [("run", _S), ("step", _I), ("pass", _I), ("rollout_id", _I), ("position", _I), ("new_logp", _F32),
+         ("ratio", _F32), ("clip", pa.int8()), ("grad_weight", _F32), ("token_loss", _F32), ("kl", _F32),
          # sampler/trainer mismatch corrections (engine.corrections), NULL when none is on: is_weight, the
          # batch's importance weight pi_trainer / pi_sampler of the token (NULL when IS is off); rejected, why the
          # corrections took the token out of this pass's loss (engine.correction_settings REJECT_*, 0 = kept)
-         ("is_weight", _F), ("rejected", pa.int8())]
+         ("is_weight", _F32), ("rejected", pa.int8()),
+         # filled in by the writer from the step's tokens (engine.runlog.derived), NULL without them (and in runs
+         # logged before these columns): the token's entropy decile within its response (0-9) and its text, so
+         # that statistics per decile or per token text over a whole run read the passes alone
+         ("entropy_decile", pa.int8()), ("token_text", _S)]
     ),
     "prm_steps": pa.schema(
         [("run", _S), ("step", _I), ("rollout_id", _I), ("step_index", _I), ("first_pos", _I), ("last_pos", _I),
@@ -99,7 +106,7 @@ TABLE_SCHEMAS: dict[str, pa.Schema] = {
     # the held-out prompts' reference solutions scored by the policy (teacher-forced) at each evaluation
     "ref_tokens": pa.schema(
         [("run", _S), ("step", _I), ("prompt_id", _I), ("position", _I), ("token_id", _I), ("token_text", _S),
-         ("logp", _F), ("entropy", _F), ("answer_class", _S)]
+         ("logp", _F32), ("entropy", _F32), ("answer_class", _S)]
     ),
 }
 DATA_TABLES = tuple(TABLE_SCHEMAS)
@@ -113,7 +120,13 @@ ADDED_COLUMNS: dict[str, tuple[str, ...]] = {
               "critic_memory_mb", "advantage_mean", "advantage_std"),
     "rollouts": ("rank", "reward_components"),
     "tokens": ("value", "return", "kl_reward", "sampler_logp", "sampler_logp_full", "extra", "dump"),
-    "token_passes": ("is_weight", "rejected"),
+    "token_passes": ("is_weight", "rejected", "entropy_decile", "token_text"),
+}
+# Columns whose type changed since files were first written: a file with the older type is read (as the wider
+# type, see `view_schema`) and rewritten in the current type when compacted.
+OLDER_TYPES: dict[str, dict[str, pa.DataType]] = {
+    table: {f.name: _F for f in TABLE_SCHEMAS[table] if f.type == _F32}
+    for table in ("tokens", "token_passes", "ref_tokens")
 }
 
 RUNS_SCHEMA = pa.schema(
@@ -135,6 +148,7 @@ SORT_KEYS = {
 _DUCKDB_TYPES = {
     pa.string(): "VARCHAR", pa.int64(): "BIGINT", pa.float64(): "DOUBLE", pa.bool_(): "BOOLEAN",
     pa.int8(): "TINYINT", pa.list_(pa.float64()): "DOUBLE[]", pa.timestamp("us"): "TIMESTAMP",
+    pa.float32(): "FLOAT",
 }
 _DUCKDB_TYPES[DUMP_FIELDS] = "STRUCT(" + ", ".join(f'"{f.name}" {_DUCKDB_TYPES[f.type]}' for f in DUMP_FIELDS) + ")"
 
@@ -144,24 +158,40 @@ def columns_ddl(schema: pa.Schema) -> str:
     return ", ".join(f'"{f.name}" {_DUCKDB_TYPES[f.type]}' for f in schema)
 
 
+def view_schema(schema: pa.Schema) -> pa.Schema:
+    """`schema` as SQL reads it: float32 columns as float64 (users' queries and DataFrames keep their types)."""
+    return pa.schema([pa.field(f.name, _F) if f.type == _F32 else f for f in schema])
+
+
 def older_schema_missing(table: str, schema: pa.Schema) -> list[str] | None:
-    """The added columns a file of `table` with `schema` lacks, if it is a file of an older release (every column
-    it has is the table's, same type, same order; only columns of `ADDED_COLUMNS` missing); else None."""
+    """The added columns a file of `table` with `schema` lacks (possibly none), if it is a file of an older
+    release (every column it has is the table's, in order, of the current type or of its `OLDER_TYPES` one; only
+    columns of `ADDED_COLUMNS` missing); else None (also for a file in the current schema)."""
     current = TABLE_SCHEMAS[table]
-    missing = [name for name in current.names if name not in schema.names]
-    if not missing or not set(missing) <= set(ADDED_COLUMNS.get(table, ())):
+    if schema.equals(current):
         return None
-    kept = pa.schema([f for f in current if f.name in schema.names])
-    return missing if schema.equals(kept) else None
+    missing = [name for name in current.names if name not in schema.names]
+    if not set(missing) <= set(ADDED_COLUMNS.get(table, ())):
+        return None
+    kept = [f for f in current if f.name in schema.names]
+    older = OLDER_TYPES.get(table, {})
+    if schema.names != [f.name for f in kept]:
+        return None
+    for field, want in zip(schema, kept, strict=True):
+        if field.type != want.type and older.get(field.name) != field.type:
+            return None
+    return missing
 
 
 def with_added_columns(piece: pa.Table, table: str) -> pa.Table:
-    """Rows of a file written before some `ADDED_COLUMNS`, in the current schema (the new columns NULL)."""
+    """Rows of a file of an older release (see `older_schema_missing`) in the current schema: the new columns
+    NULL, the columns of `OLDER_TYPES` cast to their current type."""
     schema = TABLE_SCHEMAS[table]
-    if piece.schema.names == schema.names:
+    if piece.schema.equals(schema):
         return piece
     n = piece.num_rows
-    columns = [piece.column(f.name) if f.name in piece.column_names else pa.nulls(n, f.type) for f in schema]
+    columns = [piece.column(f.name).cast(f.type) if f.name in piece.column_names else pa.nulls(n, f.type)
+               for f in schema]
     return pa.Table.from_arrays(columns, schema=schema)
 
 

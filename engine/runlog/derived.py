@@ -1,0 +1,132 @@
+"""Token-pass values the run log does not store when the step's tokens determine them, and the SQL that derives
+them again; plus what the writer copies or computes from the token rows into each pass row (its token's text and
+entropy decile within its response), so that statistics over a whole run read the passes without joining tokens.
+
+What a pass row would repeat from its token row:
+- `new_logp` = old_logp + ln(ratio) for a token-level ratio (GRPO, DAPO, PPO...; not for a sequence-level ratio
+  such as GSPO's, or a truncated one such as DPPO's: those rows keep their `new_logp`);
+- `kl` = the k3 estimate exp(x) - x - 1, x = ref_logp - new_logp (engine.objectives.k3_kl).
+The writer leaves such a value out (NULL) on the rows where the derivation gives it back to float32 precision
+(`stored_passes`), and the reader's `token_passes` view computes it from the token row (`TOKEN_PASSES_SQL`): a
+row where the producer's value differs (another estimator, a clamp) keeps it as given. The ratio itself is
+stored, not new_logp, since on-policy passes have ratio exactly 1 (almost free to store) and the ratio is what most
+questions about passes ask for, without reading the tokens.
+
+The entropy decile (`entropy_deciles`): with r the number of tokens of the response whose entropy is lower than
+the token's and n the number of tokens with an entropy, the number of k in 1..9 with k (n - 1) / 10 < r, i.e. the
+number of the response's linearly interpolated entropy quantiles at 0.1, ..., 0.9 strictly below the token's
+entropy (the quantiles torch.quantile computes). Deciles 8 and 9 are exactly the tokens above the response's 80th
+percentile, ASPO's high-entropy tokens.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+_EPS32 = float(np.finfo(np.float32).eps)
+DECILES = 10
+
+
+def _floats(table: pa.Table, column: str) -> np.ndarray:
+    """(n,) float64 of a column, NaN where NULL."""
+    return pc.fill_null(table[column], float("nan")).to_numpy().astype(np.float64)
+
+
+def _token_keys(table: pa.Table) -> np.ndarray:
+    """(n,) int64 rollout_id * 2^32 + position: one sortable key per token of a step."""
+    rollout = pc.fill_null(table["rollout_id"], -1).to_numpy().astype(np.int64)
+    position = pc.fill_null(table["position"], -1).to_numpy().astype(np.int64)
+    return (rollout << 32) + position
+
+
+def entropy_deciles(tokens: pa.Table) -> np.ndarray:
+    """(n,) int8: each token's entropy decile within its response (see the module docstring), -1 where its
+    entropy is NULL or NaN. `tokens`: one step's rows, any order."""
+    entropy = _floats(tokens, "entropy")  # (n,)
+    rollout = pc.fill_null(tokens["rollout_id"], -1).to_numpy().astype(np.int64)  # (n,)
+    out = np.full(len(entropy), -1, dtype=np.int8)
+    has = ~np.isnan(entropy)
+    idx = np.flatnonzero(has)
+    if not len(idx):
+        return out
+    order = idx[np.lexsort((entropy[idx], rollout[idx]))]  # by response, then entropy
+    r_sorted, e_sorted = rollout[order], entropy[order]
+    new_response = np.r_[True, r_sorted[1:] != r_sorted[:-1]]
+    response_start = np.maximum.accumulate(np.where(new_response, np.arange(len(order)), 0))
+    new_value = new_response | np.r_[True, e_sorted[1:] != e_sorted[:-1]]
+    # lower[i]: how many tokens of the response have a lower entropy (ties share their first index)
+    lower = np.maximum.accumulate(np.where(new_value, np.arange(len(order)), 0)) - response_start
+    counts = np.diff(np.r_[np.flatnonzero(new_response), len(order)])
+    n_minus_1 = np.repeat(counts, counts) - 1
+    # #{k >= 1 : k < 10 r / (n - 1)} = ceil(10 r / (n - 1)) - 1, in integers; a one-token response is decile 0
+    decile = np.where(n_minus_1 > 0, (DECILES * lower + n_minus_1 - 1) // np.maximum(n_minus_1, 1) - 1, 0)
+    out[order] = np.clip(decile, 0, DECILES - 1)
+    return out
+
+
+def stored_passes(tokens: pa.Table | None, passes: pa.Table | None) -> pa.Table | None:
+    """One step's token-pass rows as stored: `new_logp` and `kl` NULL where `TOKEN_PASSES_SQL` derives them
+    from the token row to float32 precision, `entropy_decile` and `token_text` filled in. Both tables in the
+    run-log schema; without the step's tokens (or with a token key logged twice) the rows are stored as given."""
+    if passes is None or tokens is None:
+        return passes
+    token_keys = _token_keys(tokens)  # (n,) sorted: tokens are sorted by step, rollout_id, position
+    if np.any(np.diff(token_keys) <= 0):
+        return passes
+    keys = _token_keys(passes)  # (m,)
+    at = np.minimum(np.searchsorted(token_keys, keys), len(token_keys) - 1)  # (m,)
+    found = token_keys[at] == keys
+    old, ref = _floats(tokens, "old_logp")[at], _floats(tokens, "ref_logp")[at]
+    new, ratio, kl = _floats(passes, "new_logp"), _floats(passes, "ratio"), _floats(passes, "kl")
+    with np.errstate(all="ignore"):
+        # the same arithmetic as TOKEN_PASSES_SQL, in float64 from the stored float32 values
+        new_derived = old + np.log(ratio)
+        drop_new = found & (np.abs(new_derived - new) <= 2 * _EPS32 * (1 + np.abs(old) + np.abs(new)))
+        new_seen = np.where(drop_new, new_derived, new)  # what the view will read
+        x = ref - new_seen
+        kl_derived = np.exp(x) - x - 1.0
+        # a float32 k3 is off by a few float32 ulps of its terms, plus its slope times the inputs' rounding
+        tol = 4 * _EPS32 * (1 + np.exp(x) + np.abs(x) + np.abs(np.expm1(x)) * (1 + np.abs(ref) + np.abs(new_seen)))
+        drop_kl = found & ((np.abs(kl_derived - kl) <= tol) | (np.isnan(kl) & np.isnan(kl_derived)))
+    decile = entropy_deciles(tokens)[at]
+    columns = {
+        "new_logp": pa.array(new.astype(np.float32), pa.float32(), mask=drop_new | np.isnan(new)),
+        "kl": pa.array(kl.astype(np.float32), pa.float32(), mask=drop_kl | np.isnan(kl)),
+        "entropy_decile": pa.array(decile, pa.int8(), mask=~found | (decile < 0)),
+        "token_text": pc.if_else(pa.array(found), tokens["token_text"].take(pa.array(at)),
+                                 pa.scalar(None, pa.string())),
+    }
+    for name, values in columns.items():
+        passes = passes.set_column(passes.schema.get_field_index(name), name, values)
+    return passes
+
+
+STORED = "_runlog.{}_files"
+"""The SQL name of a table's stored rows in a `RunReader` (`STORED.format("token_passes")`): what the files hold,
+float32 columns as DOUBLE, the values of this module NULL where they are derived. A query that joins a pass row to
+its token row anyway (the dashboard's) derives them from it with `new_logp_sql` / `kl_sql`, and one that reads no
+derived value (clip, ratio, weights) needs no token row at all."""
+
+
+def new_logp_sql(p: str, t: str) -> str:
+    """SQL of a pass row's new_logp, aliases `p` (stored pass row) and `t` (its token row)."""
+    return f"coalesce({p}.new_logp, {t}.old_logp + ln({p}.ratio))"
+
+
+def kl_sql(p: str, t: str) -> str:
+    """SQL of a pass row's k3 KL to the reference (as `new_logp_sql`)."""
+    x = f"({t}.ref_logp - {new_logp_sql(p, t)})"
+    return f"coalesce({p}.kl, exp({x}) - {x} - 1)"
+
+
+TOKEN_PASSES_SQL = f"""
+SELECT p.run, p.step, p."pass", p.rollout_id, p.position, {new_logp_sql("p", "t")} AS new_logp, p.ratio, p.clip,
+       p.grad_weight, p.token_loss, {kl_sql("p", "t")} AS kl, p.is_weight, p.rejected, p.entropy_decile, p.token_text
+FROM {{passes}} p LEFT JOIN (
+    -- grouped on the key: DuckDB drops the join from a query that reads no derived column and filters on no key
+    SELECT run, step, rollout_id, position, any_value(old_logp) AS old_logp, any_value(ref_logp) AS ref_logp
+    FROM {{tokens}} GROUP BY run, step, rollout_id, position
+) t ON t.run = p.run AND t.step = p.step AND t.rollout_id = p.rollout_id AND t.position = p.position"""
+"""The `token_passes` view over the stored rows `{passes}` and `{tokens}` (see the module docstring)."""
