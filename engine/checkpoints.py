@@ -43,6 +43,7 @@ class TrainState:
     sampler: PromptSampler
     update_gen: torch.Generator  # the mini-batch permutations: the same on every rank
     critic: Any = None  # engine.critic.PPOCritic, for algorithms with a critic
+    rollout_model: Any = None  # engine.sampler.PolicySampler: its lag window is saved with the policy
 
 
 def checkpoint_path(run_dir: Path, step: int) -> Path:
@@ -89,7 +90,7 @@ def seed_rank_streams(sampler: PromptSampler, seed: int, rank: int, after_step: 
 
 
 def save_checkpoint(run_dir: Path, step: int, policy, optimizer, sampler: PromptSampler, update_gen,
-                    critic=None, rank_states: list[dict] | None = None) -> Path:
+                    critic=None, rank_states: list[dict] | None = None, rollout_model=None) -> Path:
     """Model, optimizer (and PPO's critic) and every RNG state after `step`, written to a temporary name and renamed
     into place: one file per step, so policy and critic can never come from different steps.
 
@@ -107,6 +108,8 @@ def save_checkpoint(run_dir: Path, step: int, policy, optimizer, sampler: Prompt
         "world_size": len(rank_states),
         "rank_states": rank_states,
         "critic": critic.state_dict() if critic is not None else None,
+        # the sampler's weights of the last `lag` updates: without them a resumed run would sample on-policy again
+        "rollout_model": rollout_model.state_dict() if rollout_model is not None else None,
     }
     path = checkpoint_path(run_dir, step)
     tmp = ckpt_dir / f".tmp-{path.name}"
@@ -177,7 +180,8 @@ class Checkpointer:
         s = self.state
         rank_states = self.world.all_gather(rank_rng_state(s.sampler))
         if self.world.is_main:
-            save_checkpoint(self.run_dir, step, s.policy, s.optimizer, s.sampler, s.update_gen, s.critic, rank_states)
+            save_checkpoint(self.run_dir, step, s.policy, s.optimizer, s.sampler, s.update_gen, s.critic, rank_states,
+                            s.rollout_model)
             if self.saved is not None:
                 delete_checkpoints_before(self.run_dir, self.saved)
         self.saved = step
@@ -221,4 +225,6 @@ def open_resumed_run(logs_dir: Path, run_name: str, world: World, state: TrainSt
     if ckpt is not None:
         restore_checkpoint(ckpt, state.policy, state.optimizer, state.sampler, state.update_gen, state.critic,
                            world.rank, seed)
+        if state.rollout_model is not None:
+            state.rollout_model.restart(state.policy, ckpt.get("rollout_model"))
     return writer, start, ckpt is not None

@@ -61,6 +61,21 @@ class PolicySampler:
         else:
             self.model.load_state_dict(policy.state_dict())  # copy_ casts to the sampler's dtype
 
+    def state_dict(self) -> dict | None:
+        """What a checkpoint needs to continue sampling with the same stale weights: the lag window's snapshots
+        (None without a lag: the sampler is then rebuilt from the restored policy)."""
+        return {"snapshots": list(self.snapshots)} if self.separate and self.lag else None
+
+    @torch.no_grad()
+    def restart(self, policy: torch.nn.Module, state: dict | None = None) -> None:
+        """After a checkpoint was restored into `policy`: the checkpoint's lag window (`state_dict`), or for a
+        checkpoint without one (lag 0, or written before lag windows were saved) the restored weights."""
+        if not self.separate:
+            return
+        snapshots = state["snapshots"] if state else [self._snapshot(policy)]
+        self.snapshots = deque(snapshots, maxlen=self.lag + 1)
+        self.model.load_state_dict(self.snapshots[0])
+
     def memory_bytes(self) -> int:
         """Bytes the sampler adds: its copy's weights and buffers plus the lag snapshots (0: it is the policy)."""
         if not self.separate:

@@ -296,7 +296,6 @@ class _Loop:
     state: TrainState
     model_desc: str
     trained: torch.nn.Module | None = None  # what the update's forward goes through (DDP-wrapped with ranks)
-    sampler: PolicySampler | None = None  # the rollout model (engine.sampler), built once the weights are restored
     writer: Any = None  # engine.runlog.RunWriter
     saver: Checkpointer | None = None
     heldout: float = math.nan  # the latest held-out accuracy, for the progress bar
@@ -338,9 +337,10 @@ def _setup(cfg: TrainConfig, world: World, device: torch.device, cache_dir: Path
     sampler = PromptSampler(task.train, cfg.seed, world.rank)
     update_gen = torch.Generator().manual_seed(cfg.seed)  # the same on every rank: the same mini-batch slices
     seed_rank_streams(sampler, cfg.seed, world.rank)
+    rollout_model = PolicySampler(policy, cfg.sampler_dtype, cfg.sampler_lag)  # restarted by a resume
     return _Loop(cfg, world, task, policy, ref if need_ref else None, tokenizer, TokenText(tokenizer),
-                 list(task.heldout[: cfg.eval_size]), TrainState(policy, optimizer, sampler, update_gen, critic),
-                 model_desc)
+                 list(task.heldout[: cfg.eval_size]),
+                 TrainState(policy, optimizer, sampler, update_gen, critic, rollout_model), model_desc)
 
 
 def _open_log(loop: _Loop, run_name: str, logs_dir: Path, device: torch.device, resume: bool) -> int:
@@ -355,8 +355,6 @@ def _open_log(loop: _Loop, run_name: str, logs_dir: Path, device: torch.device, 
                                        model=loop.model_desc, rank=world.rank)
         start, restored = 1, False
     loop.saver = Checkpointer(loop.writer.run_dir, world, loop.state, saved=start - 1 if restored else None)
-    # after a restore, so it starts from the restored weights (its lag window starts again there)
-    loop.sampler = PolicySampler(loop.policy, cfg.sampler_dtype, cfg.sampler_lag)
     loop.trained = loop.policy
     if world.distributed:  # DDP all-reduces the gradients; built after a restore (it broadcasts rank 0's weights)
         from torch.nn.parallel import DistributedDataParallel
@@ -388,13 +386,13 @@ def _train_step(loop: _Loop, step: int, stop: _StopFlag, deadline: float | None)
     # ---- sample + reward + advantage
     loop.policy.eval()
     batch = collect_batch(loop.policy, loop.ref, loop.tokenizer, loop.task, state.sampler, cfg, loop.tt, world,
-                          sampler_model=loop.sampler.model)
+                          sampler_model=state.rollout_model.model)
     if state.critic is not None:  # PPO: values, per-token rewards with the KL inside, GAE advantages
         state.critic.targets(batch, supervision=cfg.supervision, kl_coef=cfg.kl_coef, gamma=cfg.gae_gamma,
                              lam=cfg.gae_lambda, whiten=cfg.whiten_advantages)
     # ---- update
     records = update(loop.trained, state.optimizer, batch, cfg, state.update_gen, world)
-    loop.sampler.refresh(loop.policy)  # the weight sync
+    state.rollout_model.refresh(loop.policy)  # the weight sync
     critic_stats = None if state.critic is None else state.critic.update(
         batch, state.update_gen, epochs=cfg.epochs, minibatches=cfg.minibatches, value_clip=cfg.value_clip,
         value_coef=cfg.value_coef, max_grad_norm=cfg.max_grad_norm)

@@ -227,6 +227,22 @@ def test_same_config_same_numbers_and_resume_continues_identically(tmp_path, run
     assert read(tmp_path, "halves", "SELECT status FROM runs WHERE run = RUN").status[0] == "finished"
 
 
+def test_a_run_whose_sampler_lags_resumes_with_its_stale_weights(tmp_path, run_tiny):
+    """The checkpoint keeps the sampler's lag window: resumed after step 2, a bf16 sampler two updates behind
+    samples step 3 with the weights of step 1, as the uninterrupted run did (not with the restored ones)."""
+    overrides = dict(algo="grpo", steps=4, eval_every=0, checkpoint_every=2, seed=5, sampler_dtype="bfloat16",
+                     sampler_lag=2)
+    assert run_tiny(tmp_path, "straight", **overrides) == "finished"
+    assert run_tiny(tmp_path, "halves", **(overrides | {"steps": 2})) == "finished"
+    assert run_tiny(tmp_path, "halves", resume=True, **overrides) == "finished"
+
+    assert_same_run((tmp_path, "straight"), (tmp_path, "halves"))
+    query = "SELECT step, rollout_id, position, sampler_logp FROM tokens WHERE run = RUN AND step > 2 ORDER BY ALL"
+    straight, halves = read(tmp_path, "straight", query), read(tmp_path, "halves", query)
+    assert len(straight) > 0 and straight.sampler_logp.notna().all()
+    np.testing.assert_allclose(halves.sampler_logp, straight.sampler_logp, rtol=1e-6, atol=1e-7)
+
+
 def test_a_run_with_the_former_single_checkpoint_file_resumes_from_it(tmp_path, run_tiny):
     """Runs logged before per-step checkpoints kept one `checkpoints/latest.pt`: resume continues from it instead
     of discarding their steps."""
