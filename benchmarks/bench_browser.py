@@ -22,28 +22,20 @@ Targets (issue 12): interaction < 0.5 s, first page < 3 s, reload < 1.5 s.
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import statistics
 import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "scripts"))  # the widget driver and the server of the browser tests
+import browser_widgets as widgets  # noqa: E402  (found through the path above)
+import screenshots  # noqa: E402
 
 PAGES = {"runs": "", "replay": "replay", "groups": "groups", "tokens": "tokens", "prm steps": "prm",
          "weighting": "weighting", "trajectories": "trajectories", "token stats": "token-stats",
          "advantages": "advantages"}
 
-
-def _script(name: str):
-    spec = importlib.util.spec_from_file_location(name, ROOT / "scripts" / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module
-    spec.loader.exec_module(module)
-    return module
-
-
-widgets = _script("browser_widgets")
 
 
 class PageError(RuntimeError):
@@ -94,7 +86,6 @@ def measure(logs_dir: Path, run: str, step: int, rollout: int, repeat: int,
             pages: list[str]) -> dict[str, list[float]]:
     from playwright.sync_api import sync_playwright
 
-    screenshots = _script("screenshots")
     results: dict[str, list[float]] = {}
 
     def record(name: str, seconds: float) -> None:
