@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import threading
 import time
+import warnings
 from dataclasses import dataclass, field
 
 from playwright.sync_api import Error as PlaywrightError
@@ -205,22 +206,37 @@ def _walk_to_cell(page, table, cell, deadline: float) -> None:
             page.wait_for_timeout(50)
 
 
-def _edit_first_editable_cell(page, table, name: str, timeout_s: float = 30.0) -> None:
-    """Give the first editable cell of the table a new value, and wait until the grid shows it (the edit taken: the
-    script run it starts is then awaited as for any widget). Raises TimeoutError when the grid did not take it."""
+def _edit_first_editable_cell(page, table, name: str, attempts: int = 3, timeout_s: float = 30.0) -> None:
+    """Give the first editable cell of the table a new value, and wait until the grid shows it (the script run the
+    edit starts is then awaited as for any widget). Raises AssertionError when the grid did not take it.
+
+    Measured on a loaded 2-core machine, about one edit in ten is dropped by the grid itself: the editor opened on
+    the right cell, held the typed value, and Enter closed it without a change (no message to the server either).
+    Such an edit is made again, with a warning, up to `attempts` times; one the app saw and failed on is not."""
     cell = table.locator(EDITABLE_CELL).first
     if not cell.count():
         raise LookupError(f"{name}: no editable cell")
     cell_id = cell.get_attribute("id")
+    shown = table.locator(f'td[id="{cell_id}"]')
     value = "0.25" if cell.text_content().strip() == "0.5" else "0.5"  # a value the cell does not hold yet
-    _walk_to_cell(page, table, cell, time.monotonic() + timeout_s)
-    page.keyboard.press("Enter")
-    page.wait_for_function(GRID_EDITOR, timeout=timeout_s * 1000)
-    page.keyboard.press("Control+a")
-    page.keyboard.type(value)
-    page.wait_for_function("value => document.activeElement.value === value", arg=value, timeout=timeout_s * 1000)
-    page.keyboard.press("Enter")
-    expect(table.locator(f'td[id="{cell_id}"]')).to_have_text(value, timeout=timeout_s * 1000)
+    for attempt in range(1, attempts + 1):
+        _walk_to_cell(page, table, cell, time.monotonic() + timeout_s)
+        page.keyboard.press("Enter")
+        page.wait_for_function(GRID_EDITOR, timeout=timeout_s * 1000)
+        page.keyboard.press("Control+a")
+        page.keyboard.type(value)
+        page.wait_for_function("value => document.activeElement.value === value", arg=value,
+                               timeout=timeout_s * 1000)
+        page.keyboard.press("Enter")
+        try:
+            expect(shown).to_have_text(value, timeout=timeout_s * 1000 / attempts)
+            return
+        except AssertionError:
+            if page.evaluate(GRID_EDITOR):
+                page.keyboard.press("Escape")
+            warnings.warn(f"{name}: the grid dropped the edit of cell {cell_id} (attempt {attempt} of {attempts})",
+                          stacklevel=2)
+    raise AssertionError(f"{name}: the grid never showed the new value {value} in cell {cell_id}")
 
 
 # The options of an open dropdown not chosen yet (not "select all", not the "No results" line).
