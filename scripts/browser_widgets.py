@@ -321,7 +321,8 @@ def change_every_widget(page, watch: ServerWatch, skip: set[str] = frozenset()):
         except LookupError as reason:  # nothing else to choose (one option, disabled)
             yield f"{widget['name']} (not changed: {reason})", 0.0, []
             continue
-        except (TimeoutError, PlaywrightError) as error:  # the widget did not take the change, or the app never ended
+        except (AssertionError, TimeoutError, PlaywrightError) as error:  # the widget did not take the change, or
+            # the app never ended its run: a failure of this widget, the next ones are still tried
             problems = [f"{type(error).__name__}: {str(error).splitlines()[0]}"]
         drawn = max(page.evaluate("window.__lastChange") - started, 0.0) / 1000
         yield widget["name"], drawn, problems
