@@ -74,7 +74,8 @@ def test_every_widget_of_every_page_can_be_changed(widget_logs):
             page = browser.new_page(viewport={"width": 1400, "height": 1000})
             watch = widgets.ServerWatch().attach(page)
             page.goto(f"{url}/?run={run}")
-            widgets.wait_idle(page, watch, 0, quiet_ms=widgets.LOAD_QUIET_MS)
+            # (a generous deadline: a fresh server's first page imports everything, on a busy machine)
+            widgets.wait_idle(page, watch, 0, timeout_s=300, quiet_ms=widgets.LOAD_QUIET_MS)
             links = page.locator('[data-testid="stSidebarNavLink"]')
             titles = [text.splitlines()[-1] for text in links.all_inner_texts()]  # (after the icon's name)
             for i, title in enumerate(titles):  # every page, found in the navigation
