@@ -52,7 +52,7 @@ def load(page, watch, url: str) -> float:
     """Seconds from the navigation start to the page's last change, once idle."""
     before = watch.count()
     page.goto(url, wait_until="commit")
-    widgets.wait_idle(page, watch, before, quiet_ms=widgets.LOAD_QUIET_MS)
+    widgets.wait_idle(page, watch, before, timeout_s=300, quiet_ms=widgets.LOAD_QUIET_MS)
     checked(page, watch, url)
     return page.evaluate("window.__lastChange") / 1000  # performance.now() counts from the navigation start
 
@@ -60,7 +60,7 @@ def load(page, watch, url: str) -> float:
 def reload(page, watch) -> float:
     before = watch.count()
     page.reload(wait_until="commit")
-    widgets.wait_idle(page, watch, before, quiet_ms=widgets.LOAD_QUIET_MS)
+    widgets.wait_idle(page, watch, before, timeout_s=300, quiet_ms=widgets.LOAD_QUIET_MS)
     checked(page, watch, f"reload of {page.url}")
     return page.evaluate("window.__lastChange") / 1000
 

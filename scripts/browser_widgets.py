@@ -193,16 +193,21 @@ def _selected_cell(table) -> tuple[int, int] | None:
 def _walk_to_cell(page, table, cell, deadline: float) -> None:
     """Select `cell` (a mirror td) with arrow keys, one key at a time, each awaited in the mirror."""
     target = tuple(int(n) for n in cell.get_attribute("id").rsplit("-", 2)[1:])
-    cell.evaluate("cell => cell.focus()")  # the grid takes the focus (and selects a cell of its choice)
     while (at := _selected_cell(table)) != target:
         if time.monotonic() > deadline:
             raise TimeoutError(f"the grid's selection never reached cell {target} (at {at})")
-        if at is not None:
+        if at is None or not cell.evaluate("cell => cell.closest('canvas').contains(document.activeElement)"):
+            # keys reach the grid only while it has the focus (a rerun can redraw it): it takes the focus, and
+            # selects a cell of its choice
+            cell.evaluate("cell => cell.focus()")
+        else:
             page.keyboard.press("ArrowRight" if at[0] < target[0] else "ArrowLeft" if at[0] > target[0]
                                 else "ArrowDown" if at[1] < target[1] else "ArrowUp")
-        # until the mirror shows the move (it can also show a move made before this one: the loop reads it again)
+        # until the mirror shows the move (it can also show a move made before this one: the loop reads it again),
+        # or for 2 s (a focus the grid ignored is given again)
+        moved_by = min(deadline, time.monotonic() + 2.0)
         page.wait_for_timeout(50)
-        while _selected_cell(table) == at and time.monotonic() < deadline:
+        while _selected_cell(table) == at and time.monotonic() < moved_by:
             page.wait_for_timeout(50)
 
 
