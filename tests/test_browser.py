@@ -8,13 +8,13 @@ request anywhere but the app itself or turns logged text into a link, an image o
 
 from __future__ import annotations
 
-import importlib.util
 import os
 from pathlib import Path
 from urllib.parse import urlparse
 
 import numpy as np
 import pytest
+import screenshots  # scripts/screenshots.py (pytest's pythonpath)
 from synthetic_runs import HOSTILE_TEXTS, HOSTILE_TOKEN, synthetic_step, write_hostile_run
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -31,19 +31,11 @@ def as_displayed(token: str) -> str:
     return token.replace(" ", "·").replace("\t", "→").replace("\r", "␍").replace("\n", "↵\n")
 
 
-def _screenshots_module():
-    spec = importlib.util.spec_from_file_location("screenshots", ROOT / "scripts" / "screenshots.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
 def test_token_inspector_in_a_browser_escapes_tokens_and_updates_live(tmp_path):
     from playwright.sync_api import sync_playwright
 
     from engine.runlog import RunReader, RunWriter
 
-    screenshots = _screenshots_module()
     rng = np.random.default_rng(0)
     writer = RunWriter.create(tmp_path, "hostile", algorithm="grpo", task="linear", config={"g": 2}, model="m")
     writer.log_step(0, **synthetic_step(0, 2, 2, 10, 1, rng, hostile=True))
@@ -91,7 +83,6 @@ def test_every_page_shows_logged_text_as_text_and_nothing_leaves_the_app(tmp_pat
 
     from engine.runlog import RunReader
 
-    screenshots = _screenshots_module()
     dialogs, requests = [], []
     with screenshots.serve_dashboard(tmp_path) as url, sync_playwright() as playwright:
         app = urlparse(url)
@@ -147,7 +138,6 @@ def test_advantages_page_in_a_browser_draws_every_scheme_and_keeps_logged_text_i
     from playwright.sync_api import sync_playwright
     from synthetic_runs import write_synthetic_run
 
-    screenshots = _screenshots_module()
     assert "advantages" in screenshots.PAGES  # the page list the screenshots (and README images) go through
     write_synthetic_run(str(tmp_path), "hostile", steps=1, hostile=True)
     dialogs = []

@@ -11,10 +11,8 @@ browser reruns a fragment.
 
 from __future__ import annotations
 
-import importlib.util
 import os
 import shutil
-import sys
 from pathlib import Path
 
 import pytest
@@ -26,14 +24,6 @@ pytestmark = [
     pytest.mark.slow,
     pytest.mark.skipif(not Path(CHROMIUM).exists(), reason=f"no chromium at {CHROMIUM} (apt-get install chromium)"),
 ]
-
-
-def _script(name: str):
-    spec = importlib.util.spec_from_file_location(name, ROOT / "scripts" / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module  # (dataclasses look their module up there)
-    spec.loader.exec_module(module)
-    return module
 
 
 def write_trl_completions(folder: Path, steps: int = 2, groups: int = 4, group_size: int = 4) -> None:
@@ -72,9 +62,10 @@ def widget_logs(tmp_path_factory, tiny_process_run):
 
 
 def test_every_widget_of_every_page_can_be_changed(widget_logs):
+    import browser_widgets as widgets  # scripts/ (pytest's pythonpath)
+    import screenshots
     from playwright.sync_api import sync_playwright
 
-    screenshots, widgets = _script("screenshots"), _script("browser_widgets")
     logs, runs = widget_logs
     changed, failures = [], []
     with screenshots.serve_dashboard(logs) as url, sync_playwright() as playwright:
@@ -83,7 +74,8 @@ def test_every_widget_of_every_page_can_be_changed(widget_logs):
             page = browser.new_page(viewport={"width": 1400, "height": 1000})
             watch = widgets.ServerWatch().attach(page)
             page.goto(f"{url}/?run={run}")
-            widgets.wait_idle(page, watch, 0, quiet_ms=widgets.LOAD_QUIET_MS)
+            # (a generous deadline: a fresh server's first page imports everything, on a busy machine)
+            widgets.wait_idle(page, watch, 0, timeout_s=300, quiet_ms=widgets.LOAD_QUIET_MS)
             links = page.locator('[data-testid="stSidebarNavLink"]')
             titles = [text.splitlines()[-1] for text in links.all_inner_texts()]  # (after the icon's name)
             for i, title in enumerate(titles):  # every page, found in the navigation

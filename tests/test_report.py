@@ -11,13 +11,14 @@
 
 from __future__ import annotations
 
-import importlib.util
 import os
 import re
 from pathlib import Path
 
 import numpy as np
+import plot_curves  # scripts/plot_curves.py and scripts/screenshots.py (pytest's pythonpath)
 import pytest
+import screenshots
 
 from engine.cli import main
 
@@ -33,13 +34,6 @@ needs_chromium = pytest.mark.skipif(not Path(CHROMIUM).exists(),
 def as_displayed(token: str) -> str:
     """What a reader sees for a token: its characters, with whitespace shown as symbols."""
     return token.replace(" ", "·").replace("\t", "→").replace("\r", "␍").replace("\n", "↵\n")
-
-
-def _load_script(name: str):
-    spec = importlib.util.spec_from_file_location(name, ROOT / "scripts" / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 def write_hostile_run(logs_dir: Path, steps: int = 1) -> None:
@@ -68,7 +62,6 @@ def write_hostile_run(logs_dir: Path, steps: int = 1) -> None:
 def open_report(playwright, path: Path):
     """Open a report file with every request recorded and refused unless it is the file itself; wait until plotly
     has drawn every figure. Returns (browser, page, requests, dialogs); CSP violations go to `window.__violations`."""
-    screenshots = _load_script("screenshots")
     browser = screenshots.launch_browser(playwright)
     page = browser.new_page(viewport={"width": 1300, "height": 900})
     requests, dialogs = [], []
@@ -237,7 +230,6 @@ def test_token_inspector_button_downloads_the_same_report(tmp_path):
     out = tmp_path / "cli.html"
     assert main(["report", "hostile", "--logs-dir", str(logs), "-o", str(out), "--step", "0", "--rollout", "0"]) == 0
 
-    screenshots = _load_script("screenshots")
     with screenshots.serve_dashboard(logs) as url, sync_playwright() as playwright:
         browser = screenshots.launch_browser(playwright)
         page = browser.new_page(viewport={"width": 1400, "height": 1000})
@@ -268,7 +260,6 @@ def test_plot_curves_exports_the_dashboard_figure(tmp_path):
     logs = tmp_path / "logs"
     for seed, name in enumerate(("grpo", "dapo")):
         write_synthetic_run(str(logs), name, steps=6, groups=2, group_size=2, length=6, passes=1, seed=seed)
-    plot_curves = _load_script("plot_curves")
     figure = plot_curves.curves_figure(plot_curves.load_steps(str(logs), ["grpo=GRPO", "dapo"]), "title")
     with RunReader(logs) as reader:
         logged = reader.sql("SELECT run, step, heldout_accuracy FROM steps WHERE heldout_accuracy IS NOT NULL")
