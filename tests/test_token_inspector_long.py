@@ -68,7 +68,11 @@ def logged(logs_dir, run: str, rollout: int) -> pd.DataFrame:
     """The rollout's tokens joined with its pass, as written, with the mismatch and the rejected share."""
     tokens = independent(logs_dir, "tokens", "WHERE run = ? AND rollout_id = ?", [run, rollout])
     passes = independent(logs_dir, "token_passes", "WHERE run = ? AND rollout_id = ?", [run, rollout])
-    frame = tokens.merge(passes.drop(columns=["run", "step"]), on=["rollout_id", "position"], how="left")
+    # what the writer copies from the token row into the pass row (its text, its entropy decile) is the token's
+    passes = passes.drop(columns=["run", "step", "token_text", "entropy_decile"], errors="ignore")
+    frame = tokens.merge(passes, on=["rollout_id", "position"], how="left")
+    # stored as float32, read as DOUBLE by the dashboard: the expected values are computed in float64 too
+    frame = frame.astype({c: "float64" for c in frame.select_dtypes("float32").columns})
     frame = frame.sort_values("position").reset_index(drop=True)
     return frame.assign(mismatch=frame["old_logp"] - frame["sampler_logp"],
                         rejected_share=(frame["rejected"] != 0).astype(float))
