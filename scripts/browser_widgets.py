@@ -193,13 +193,17 @@ def _selected_cell(table) -> tuple[int, int] | None:
 def _walk_to_cell(page, table, cell, deadline: float) -> None:
     """Select `cell` (a mirror td) with arrow keys, one key at a time, each awaited in the mirror."""
     target = tuple(int(n) for n in cell.get_attribute("id").rsplit("-", 2)[1:])
+    other = table.locator(f'td[role="gridcell"]:not([id="{cell.get_attribute("id")}"])').first
+    focus_attempts = 0
     while (at := _selected_cell(table)) != target:
         if time.monotonic() > deadline:
             raise TimeoutError(f"the grid's selection never reached cell {target} (at {at})")
         if at is None or not cell.evaluate("cell => cell.closest('canvas').contains(document.activeElement)"):
             # keys reach the grid only while it has the focus (a rerun can redraw it): it takes the focus, and
-            # selects a cell of its choice
-            cell.evaluate("cell => cell.focus()")
+            # selects a cell of its choice. It ignores the focus of the cell it saw focused last, so every other
+            # attempt focuses another cell.
+            (other if focus_attempts % 2 and other.count() else cell).evaluate("cell => cell.focus()")
+            focus_attempts += 1
         else:
             page.keyboard.press("ArrowRight" if at[0] < target[0] else "ArrowLeft" if at[0] > target[0]
                                 else "ArrowDown" if at[1] < target[1] else "ArrowUp")
