@@ -15,7 +15,9 @@ How a step is split (engine.train, engine.rollout, engine.logrows):
   loss normalisers (rows, tokens, width of a mini-batch) are all-reduced first, so each rank's loss is its share of
   the loss over the whole mini-batch, scaled by N to undo DDP's average: N ranks take the optimizer step one rank
   would take on the union of their mini-batches;
-- step metrics are computed from all-reduced sums and counts (engine.logrows.StepTotals), not rank 0's share.
+- step metrics are computed from all-reduced sums and counts (engine.logrows.StepTotals), not rank 0's share;
+- PPO's critic (engine.critic) is a DDP replica too, its value loss normalised over the global mini-batch the same
+  way; its advantage whitening and explained variance use statistics all-reduced over the ranks.
 """
 
 from __future__ import annotations
@@ -102,15 +104,11 @@ def world_size_from_env() -> int:
 def check_world(cfg, nproc: int) -> None:
     """Raise ConfigError unless the run `cfg` (engine.config.TrainConfig) can be split over `nproc` ranks."""
     from engine.config import ConfigError
-    from engine.objectives import uses_critic
 
     if nproc < 1:
         raise ConfigError(f"--nproc must be >= 1, got {nproc}")
     if nproc == 1:
         return
-    if uses_critic(cfg.algo):
-        raise ConfigError(f"--algo {cfg.algo} trains a critic, which is not data-parallel yet; run it with one "
-                          f"process (--nproc 1), or pick an algorithm without a critic")
     from engine.correction_settings import CorrectionConfig
 
     if CorrectionConfig.of(cfg).enabled:

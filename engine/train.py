@@ -26,8 +26,8 @@ objective gets), logged per token and pass as `is_weight` and `rejected`.
 Step 0 is the warm start: only the held-out evaluation is logged there, so every curve starts at the warm start.
 
 Under torchrun (`policylens train --nproc N`) the same loop runs on every rank, data-parallel: each rank samples
-its share of the global batch, DDP all-reduces the gradients, rank 0 evaluates and checkpoints (engine.distributed
-says how a step is split).
+its share of the global batch, DDP all-reduces the gradients (of the policy and of PPO's critic), rank 0
+evaluates and checkpoints (engine.distributed says how a step is split).
 
 Departures from the papers:
 1. The entropy passed to ASPO's entropy-dependent clip is the current pass's (detached), as in the Archer2.0 code,
@@ -363,6 +363,8 @@ def _open_log(loop: _Loop, run_name: str, logs_dir: Path, device: torch.device, 
 
         loop.trained = DistributedDataParallel(loop.policy, device_ids=[device.index] if device.type == "cuda"
                                                else None, forward_sync_buffers=False)
+    if loop.state.critic is not None:  # PPO's critic likewise (engine.critic.PPOCritic.distribute)
+        loop.state.critic.distribute(world, device)
     return start
 
 
