@@ -250,10 +250,11 @@ def _logged_steps(run_dir: Path, rank: int) -> list[int]:
 
 @pytest.mark.slow
 def test_killing_one_rank_marks_the_run_crashed_and_it_resumes_on_another_number_of_ranks(tmp_path, warm_cache):
+    # PPO: the run's checkpoints carry its data-parallel critic too, and every rank logs the critic's columns
     from engine.runlog import list_runs
 
     run_dir = tmp_path / "dp-kill"
-    launcher = subprocess.Popen(_train_command(tmp_path, warm_cache, "--nproc", "2", "--algo", "grpo", "--steps",
+    launcher = subprocess.Popen(_train_command(tmp_path, warm_cache, "--nproc", "2", "--algo", "ppo", "--steps",
                                                "200", "--checkpoint-every", "1", "--run-name", "dp-kill"),
                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
@@ -301,3 +302,10 @@ def test_killing_one_rank_marks_the_run_crashed_and_it_resumes_on_another_number
         last = reader.sql("SELECT rank, count(*) AS n FROM rollouts WHERE run = 'dp-kill' AND step = ? "
                           "AND kind = 'train' AND NOT filtered GROUP BY rank ORDER BY rank", [steps + 1])
     assert last.values.tolist() == [[0, 8], [1, 8]]
+    with _reader(tmp_path) as reader:
+        critic = reader.sql("SELECT r.rank, count(*) AS n, count(t.value) AS values, count(t.return) AS returns "
+                            "FROM tokens t JOIN rollouts r USING (run, step, rollout_id) WHERE t.run = 'dp-kill' "
+                            "AND r.kind = 'train' GROUP BY r.rank ORDER BY r.rank")
+        losses = reader.sql("SELECT value_loss, explained_variance FROM steps WHERE run = 'dp-kill' AND step > 0")
+    assert critic["rank"].tolist() == [0, 1] and (critic["values"] == critic["n"]).all()
+    assert (critic["returns"] == critic["n"]).all() and losses.notna().all().all()
