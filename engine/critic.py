@@ -44,7 +44,7 @@ from dataclasses import dataclass
 import torch
 
 from engine.advantages import gae_advantages
-from engine.distributed import World
+from engine.distributed import World, data_parallel
 from engine.minibatches import minibatches as minibatch_passes
 from engine.minibatches import optimizer_step
 
@@ -220,11 +220,7 @@ class PPOCritic:
         DistributedDataParallel (which broadcasts rank 0's weights: called after a checkpoint is restored), and its
         targets' statistics are taken over every rank."""
         self.world = world
-        if world.distributed:
-            from torch.nn.parallel import DistributedDataParallel
-
-            self.trained = DistributedDataParallel(self.model, device_ids=[device.index] if device.type == "cuda"
-                                                   else None, forward_sync_buffers=False)
+        self.trained = data_parallel(self.model, world, device)
 
     # ------------------------------------------------------------------ before the policy update
     @torch.no_grad()

@@ -147,6 +147,18 @@ def init_world(device: torch.device) -> World:
                  device=device if device.type == "cuda" else torch.device("cpu"))
 
 
+def data_parallel(model: torch.nn.Module, world: World, device: torch.device) -> torch.nn.Module:
+    """`model` wrapped in DistributedDataParallel on a world of several ranks (it broadcasts rank 0's weights, so
+    wrap after a checkpoint is restored), else `model` itself. Buffers are not synced at each forward: the models
+    have none that training changes."""
+    if not world.distributed:
+        return model
+    from torch.nn.parallel import DistributedDataParallel
+
+    return DistributedDataParallel(model, device_ids=[device.index] if device.type == "cuda" else None,
+                                   forward_sync_buffers=False)
+
+
 def close_world(world: World) -> None:
     if world.distributed:
         import torch.distributed as dist

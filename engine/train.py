@@ -70,7 +70,7 @@ from engine.config import TrainConfig, resolve_device
 from engine.correction_settings import CorrectionConfig
 from engine.corrections import correct_batch, loss_inputs
 from engine.critic import PPOCritic
-from engine.distributed import World, check_world, close_world, init_world, world_size_from_env
+from engine.distributed import World, check_world, close_world, data_parallel, init_world, world_size_from_env
 from engine.logrows import (
     PassRecord,
     RankIds,
@@ -357,13 +357,9 @@ def _open_log(loop: _Loop, run_name: str, logs_dir: Path, device: torch.device, 
     loop.saver = Checkpointer(loop.writer.run_dir, world, loop.state, saved=start - 1 if restored else None)
     # after a restore, so it starts from the restored weights (its lag window starts again there)
     loop.sampler = PolicySampler(loop.policy, cfg.sampler_dtype, cfg.sampler_lag)
-    loop.trained = loop.policy
-    if world.distributed:  # DDP all-reduces the gradients; built after a restore (it broadcasts rank 0's weights)
-        from torch.nn.parallel import DistributedDataParallel
-
-        loop.trained = DistributedDataParallel(loop.policy, device_ids=[device.index] if device.type == "cuda"
-                                               else None, forward_sync_buffers=False)
-    if loop.state.critic is not None:  # PPO's critic likewise (engine.critic.PPOCritic.distribute)
+    # DDP all-reduces the gradients; built after a restore (it broadcasts rank 0's weights); PPO's critic likewise
+    loop.trained = data_parallel(loop.policy, world, device)
+    if loop.state.critic is not None:
         loop.state.critic.distribute(world, device)
     return start
 
