@@ -3,15 +3,17 @@
     python benchmarks/bench_ddp.py                          # tiny model, 1 vs 2 processes, 2 rounds x 6 steps
     python benchmarks/bench_ddp.py --model-size small --batch-size 64 --steps 8 --rounds 3
     python benchmarks/bench_ddp.py --sft-steps 200 --cache-dir .pytest_cache/d/policylens-warmstart  # tests' warm start
+    python benchmarks/bench_ddp.py --algo ppo               # PPO: its critic is data-parallel too (a second DDP model)
 
 Each round trains the same config from the same seed twice: `policylens train` on one process, then
 `policylens train --nproc N` (one torch thread per process either way). Throughput is completions per second of
 training steps: batch_size x steps over the time between the first and the last logged step (`steps.wall_time`,
 so the first step's warm-up and the warm start are left out; held-out evaluation and checkpoints are off). It
 includes everything a step does: sampling, rewards, the old/reference forwards, the update passes (with DDP's
-gradient all-reduce), the step metrics' all-reduce and the run-log writes. Reported: the median over rounds of each
-and the speed-up N-process / 1-process, next to the machine's load average before each run, since on a shared
-machine other processes take cores away from the ranks (the speed-up cannot pass the number of idle cores).
+gradient all-reduce; with PPO also the critic's forward and update, its own DDP all-reduce), the step metrics'
+all-reduce and the run-log writes. Reported: the median over rounds of each and the speed-up N-process / 1-process,
+next to the machine's load average before each run, since on a shared machine other processes take cores away
+from the ranks (the speed-up cannot pass the number of idle cores).
 """
 
 from __future__ import annotations

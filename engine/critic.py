@@ -20,6 +20,12 @@ Value loss (the clipped form of Ziegler et al.'s code and TRL's PPO trainer):
     L_V = value_coef * 0.5 * token-mean over loss tokens of max((V - R)^2, (clip(V, V_old - c, V_old + c) - R)^2)
 with R the GAE return and V_old the value at sampling time.
 
+With several ranks (engine.distributed) the critic is data-parallel like the policy: each rank computes the targets
+of its share of the batch, with the whitening statistics and the explained variance taken over every rank's tokens
+(`masked_moments`), and its update is wrapped in DistributedDataParallel with the value loss normalised by the loss
+tokens of the global mini-batch and scaled by N (DDP averages gradients): N ranks take the step one process takes
+on the union of their rows. `distribute` wraps it once the checkpoint is restored.
+
 Measured per step: the critic's extra wall time (its forward for the targets plus its update) and its memory:
 parameters, gradients and AdamW state (4 x parameter bytes) plus the largest activation footprint of one update pass
 (the memory blocks autograd keeps for backward, each counted once, found with saved-tensor hooks; on CPU there is no
@@ -37,7 +43,8 @@ from dataclasses import dataclass
 
 import torch
 
-from engine.advantages import gae_advantages, masked_mean_std
+from engine.advantages import gae_advantages
+from engine.distributed import World, data_parallel
 from engine.minibatches import minibatches as minibatch_passes
 from engine.minibatches import optimizer_step
 
@@ -46,6 +53,7 @@ __all__ = [
     "PPOCritic",
     "ValueHead",
     "explained_variance",
+    "masked_moments",
     "score_rewards",
     "token_rewards",
     "value_loss",
@@ -81,15 +89,16 @@ def token_rewards(scores: torch.Tensor, logp: torch.Tensor, ref_logp: torch.Tens
 
 
 def value_loss(values: torch.Tensor, old_values: torch.Tensor, returns: torch.Tensor, mask: torch.Tensor,
-               clip: float) -> tuple[torch.Tensor, torch.Tensor]:
+               clip: float, tokens: float | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """Clipped value loss 0.5 * token-mean of max((V - R)^2, (V_clip - R)^2), V_clip = clamp(V, V_old +- clip).
 
     values (differentiable), old_values, returns, mask: (B, T). Returns (loss (), clipped fraction ()): the share
     of mask tokens where the clipped error is the larger one (those tokens get no gradient when V is outside the
-    range). Without the `value_coef` factor.
+    range). Without the `value_coef` factor. `tokens`: the mean's denominator when the mini-batch is spread over
+    ranks (its mask tokens on every rank; default: this mask's), so that the ranks' losses add up to the loss.
     """
     m = mask.to(values.dtype)
-    n = m.sum().clamp(min=1.0)
+    n = m.sum().clamp(min=1.0) if tokens is None else max(float(tokens), 1.0)
     clipped = old_values + (values - old_values).clamp(-clip, clip)  # (B, T)
     err, err_clipped = (values - returns) ** 2, (clipped - returns) ** 2  # (B, T)
     loss = 0.5 * (torch.maximum(err, err_clipped) * m).sum() / n
@@ -97,14 +106,29 @@ def value_loss(values: torch.Tensor, old_values: torch.Tensor, returns: torch.Te
     return loss, clip_frac.detach()
 
 
-def explained_variance(values: torch.Tensor, returns: torch.Tensor, mask: torch.Tensor) -> float:
-    """1 - Var(R - V) / Var(R) over the mask tokens: 1 is a perfect critic, 0 no better than a constant, < 0 worse.
-    NaN when the returns do not vary."""
-    m = mask.to(torch.float64) > 0
-    r, v = returns.detach().to(torch.float64)[m], values.detach().to(torch.float64)[m]
-    if r.numel() < 2 or float(r.var(unbiased=False)) == 0.0:
+def masked_moments(columns: list[torch.Tensor], mask: torch.Tensor, world: World | None = None
+                   ) -> tuple[float, list[tuple[float, float]]]:
+    """(n, [(mean, population variance)] of each (B, T) column) over the mask tokens of every rank of `world`.
+
+    Two passes (means, then squared deviations from them), each one all-reduce: the same numbers as one process's
+    `masked_mean_std` on the whole batch, without the cancellation of E[x^2] - E[x]^2."""
+    world = world or World()
+    m = mask.detach().to(torch.float64)  # (B, T)
+    xs = [x.detach().to(torch.float64) for x in columns]  # (B, T) each
+    n, *sums = world.all_reduce([float(m.sum()), *(float((x * m).sum()) for x in xs)])
+    means = [total / max(n, 1.0) for total in sums]
+    squares = world.all_reduce([float((((x - mu) * m) ** 2).sum()) for x, mu in zip(xs, means, strict=True)])
+    return n, [(mu, sq / max(n, 1.0)) for mu, sq in zip(means, squares, strict=True)]
+
+
+def explained_variance(values: torch.Tensor, returns: torch.Tensor, mask: torch.Tensor,
+                       world: World | None = None) -> float:
+    """1 - Var(R - V) / Var(R) over the mask tokens (of every rank of `world`): 1 is a perfect critic, 0 no better
+    than a constant, < 0 worse. NaN when the returns do not vary."""
+    n, [(_, var_r), (_, var_err)] = masked_moments([returns, returns.double() - values.double()], mask, world)
+    if n < 2 or var_r == 0.0:
         return math.nan
-    return float(1.0 - (r - v).var(unbiased=False) / r.var(unbiased=False))
+    return 1.0 - var_err / var_r
 
 
 # ----------------------------------------------------------------------------- the model
@@ -170,6 +194,8 @@ class PPOCritic:
     def __init__(self, model: ValueHead, optimizer: torch.optim.Optimizer):
         self.model = model
         self.optimizer = optimizer
+        self.world = World()
+        self.trained: torch.nn.Module = model  # what the update's forward goes through (DDP-wrapped with ranks)
         self._target_seconds = 0.0
         self._whiten = (0.0, 1.0)
         self._explained = math.nan
@@ -189,6 +215,13 @@ class PPOCritic:
                                       weight_decay=cfg.weight_decay)
         return cls(model, optimizer)
 
+    def distribute(self, world: World, device: torch.device) -> None:
+        """Make the critic one of `world`'s data-parallel replicas: its update's gradients are all-reduced by
+        DistributedDataParallel (which broadcasts rank 0's weights: called after a checkpoint is restored), and its
+        targets' statistics are taken over every rank."""
+        self.world = world
+        self.trained = data_parallel(self.model, world, device)
+
     # ------------------------------------------------------------------ before the policy update
     @torch.no_grad()
     def targets(self, batch, *, supervision: str, kl_coef: float, gamma: float, lam: float, whiten: bool) -> None:
@@ -206,25 +239,28 @@ class PPOCritic:
         rewards, kl_reward = token_rewards(scores, batch.old_logp, ref_logp, batch.token_mask, kl_coef)
         adv, returns = gae_advantages(rewards, values, batch.token_mask, gamma, lam)
         batch.values, batch.kl_reward, batch.returns, batch.advantages = values, kl_reward, returns, adv
-        if whiten:
-            mean, std = masked_mean_std(adv, batch.loss_mask)  # masked_whiten's statistics, recorded per step
+        if whiten:  # masked_whiten's statistics (eps 1e-8), of the whole batch on every rank; recorded per step
+            _, [(mean, var)] = masked_moments([adv], batch.loss_mask, self.world)
+            std = math.sqrt(var + 1e-8)
             batch.loss_advantages = (adv - mean) / std * batch.loss_mask
-            self._whiten = (float(mean), float(std))
+            self._whiten = (mean, std)
         else:
             batch.loss_advantages = adv * batch.loss_mask
             self._whiten = (0.0, 1.0)
         for r, a in zip(batch.rollouts, adv[:, 0].tolist(), strict=True):
             r.advantage = a
-        self._explained = explained_variance(values, returns, batch.loss_mask)
+        self._explained = explained_variance(values, returns, batch.loss_mask, self.world)
         self._target_seconds = time.perf_counter() - t0
 
     # ------------------------------------------------------------------ after the policy update
     def update(self, batch, generator: torch.Generator, *, epochs: int, minibatches: int, value_clip: float,
                value_coef: float, max_grad_norm: float) -> CriticStats:
         """`epochs x minibatches` AdamW steps on the clipped value loss towards batch.returns, cut like the policy's
-        (engine.minibatches, the same `generator`)."""
+        (engine.minibatches, the same `generator`). With several ranks, as engine.train.update: the k-th mini-batch
+        is the union of the ranks' k-th slices, its loss tokens are counted over the ranks, and the loss and clipped
+        fraction reported are the union's (the ranks' shares added up)."""
         t0 = time.perf_counter()
-        P = batch.prompt_len
+        P, world = batch.prompt_len, self.world
         params = [p for p in self.model.parameters() if p.requires_grad]
         static_bytes = 4 * sum(p.numel() * p.element_size() for p in params)  # weights, grads, AdamW m and v
         weights = {p.untyped_storage().data_ptr() for p in params}
@@ -232,19 +268,24 @@ class PPOCritic:
         self.model.train(False)  # no dropout: the first pass reproduces the sampling-time values
         for mb in minibatch_passes(batch.token_mask, epochs, minibatches, generator, batch.input_ids.device):
             idx, t_mb = mb.idx, mb.width
+            mask = batch.loss_mask[idx, :t_mb]  # (b, t_mb)
+            tokens = world.all_reduce([float(mask.sum())])[0] if world.distributed else None
             saved: dict[int, int] = {}
             with _saved_storages(saved, weights):
-                values = self.model(batch.input_ids[idx, : P + t_mb], batch.attention_mask[idx, : P + t_mb], P)
-                loss, clip_frac = value_loss(values, batch.values[idx, :t_mb], batch.returns[idx, :t_mb],
-                                             batch.loss_mask[idx, :t_mb], value_clip)
+                values = self.trained(batch.input_ids[idx, : P + t_mb], batch.attention_mask[idx, : P + t_mb], P)
+                loss, clip_frac = value_loss(values, batch.values[idx, :t_mb], batch.returns[idx, :t_mb], mask,
+                                             value_clip, tokens)
                 loss = value_coef * loss
-            norms.append(optimizer_step(self.optimizer, params, loss, max_grad_norm))
+            # DDP averages the gradients over the ranks: scaled by N, they are the gradient of the union's loss
+            norms.append(optimizer_step(self.optimizer, params, loss * world.size, max_grad_norm))
             losses.append(float(loss.detach()))
             clip_fracs.append(float(clip_frac))
             peak_saved = max(peak_saved, sum(saved.values()))
+        passes = len(losses)
+        losses_and_clips = world.all_reduce([*losses, *clip_fracs])
         return CriticStats(
-            value_loss=sum(losses) / len(losses), value_clip_frac=sum(clip_fracs) / len(clip_fracs),
-            explained_variance=self._explained, grad_norm=sum(norms) / len(norms),
+            value_loss=sum(losses_and_clips[:passes]) / passes, value_clip_frac=sum(losses_and_clips[passes:]) / passes,
+            explained_variance=self._explained, grad_norm=sum(norms) / passes,  # of the all-reduced gradients
             seconds=self._target_seconds + time.perf_counter() - t0,
             memory_mb=(static_bytes + peak_saved) / 2**20,
             advantage_mean=self._whiten[0], advantage_std=self._whiten[1],

@@ -15,7 +15,9 @@ How a step is split (engine.train, engine.rollout, engine.logrows):
   loss normalisers (rows, tokens, width of a mini-batch) are all-reduced first, so each rank's loss is its share of
   the loss over the whole mini-batch, scaled by N to undo DDP's average: N ranks take the optimizer step one rank
   would take on the union of their mini-batches;
-- step metrics are computed from all-reduced sums and counts (engine.logrows.StepTotals), not rank 0's share.
+- step metrics are computed from all-reduced sums and counts (engine.logrows.StepTotals), not rank 0's share;
+- PPO's critic (engine.critic) is a DDP replica too, its value loss normalised over the global mini-batch the same
+  way; its advantage whitening and explained variance use statistics all-reduced over the ranks.
 """
 
 from __future__ import annotations
@@ -102,15 +104,11 @@ def world_size_from_env() -> int:
 def check_world(cfg, nproc: int) -> None:
     """Raise ConfigError unless the run `cfg` (engine.config.TrainConfig) can be split over `nproc` ranks."""
     from engine.config import ConfigError
-    from engine.objectives import uses_critic
 
     if nproc < 1:
         raise ConfigError(f"--nproc must be >= 1, got {nproc}")
     if nproc == 1:
         return
-    if uses_critic(cfg.algo):
-        raise ConfigError(f"--algo {cfg.algo} trains a critic, which is not data-parallel yet; run it with one "
-                          f"process (--nproc 1), or pick an algorithm without a critic")
     from engine.correction_settings import CorrectionConfig
 
     if CorrectionConfig.of(cfg).enabled:
@@ -147,6 +145,18 @@ def init_world(device: torch.device) -> World:
         dist.init_process_group(backend="nccl" if device.type == "cuda" else "gloo", timeout=PROCESS_GROUP_TIMEOUT)
     return World(rank=rank, size=size, local_rank=local_rank,
                  device=device if device.type == "cuda" else torch.device("cpu"))
+
+
+def data_parallel(model: torch.nn.Module, world: World, device: torch.device) -> torch.nn.Module:
+    """`model` wrapped in DistributedDataParallel on a world of several ranks (it broadcasts rank 0's weights, so
+    wrap after a checkpoint is restored), else `model` itself. Buffers are not synced at each forward: the models
+    have none that training changes."""
+    if not world.distributed:
+        return model
+    from torch.nn.parallel import DistributedDataParallel
+
+    return DistributedDataParallel(model, device_ids=[device.index] if device.type == "cuda" else None,
+                                   forward_sync_buffers=False)
 
 
 def close_world(world: World) -> None:

@@ -26,8 +26,8 @@ objective gets), logged per token and pass as `is_weight` and `rejected`.
 Step 0 is the warm start: only the held-out evaluation is logged there, so every curve starts at the warm start.
 
 Under torchrun (`policylens train --nproc N`) the same loop runs on every rank, data-parallel: each rank samples
-its share of the global batch, DDP all-reduces the gradients, rank 0 evaluates and checkpoints (engine.distributed
-says how a step is split).
+its share of the global batch, DDP all-reduces the gradients (of the policy and of PPO's critic), rank 0
+evaluates and checkpoints (engine.distributed says how a step is split).
 
 Departures from the papers:
 1. The entropy passed to ASPO's entropy-dependent clip is the current pass's (detached), as in the Archer2.0 code,
@@ -70,7 +70,7 @@ from engine.config import TrainConfig, resolve_device
 from engine.correction_settings import CorrectionConfig
 from engine.corrections import correct_batch, loss_inputs
 from engine.critic import PPOCritic
-from engine.distributed import World, check_world, close_world, init_world, world_size_from_env
+from engine.distributed import World, check_world, close_world, data_parallel, init_world, world_size_from_env
 from engine.logrows import (
     PassRecord,
     RankIds,
@@ -355,12 +355,10 @@ def _open_log(loop: _Loop, run_name: str, logs_dir: Path, device: torch.device, 
                                        model=loop.model_desc, rank=world.rank)
         start, restored = 1, False
     loop.saver = Checkpointer(loop.writer.run_dir, world, loop.state, saved=start - 1 if restored else None)
-    loop.trained = loop.policy
-    if world.distributed:  # DDP all-reduces the gradients; built after a restore (it broadcasts rank 0's weights)
-        from torch.nn.parallel import DistributedDataParallel
-
-        loop.trained = DistributedDataParallel(loop.policy, device_ids=[device.index] if device.type == "cuda"
-                                               else None, forward_sync_buffers=False)
+    # DDP all-reduces the gradients; built after a restore (it broadcasts rank 0's weights); PPO's critic likewise
+    loop.trained = data_parallel(loop.policy, world, device)
+    if loop.state.critic is not None:
+        loop.state.critic.distribute(world, device)
     return start
 
 

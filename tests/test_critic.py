@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import torch
 
-from engine.critic import explained_variance, score_rewards, token_rewards, value_loss
+from engine.critic import explained_variance, masked_moments, score_rewards, token_rewards, value_loss
 from engine.rollout import Rollout
 from engine.runlog import RunReader
 from engine.tasks.base import Problem, StepScore
@@ -64,6 +64,20 @@ def test_value_loss_by_hand():
     loss, frac = value_loss(values, old, returns, mask, clip=0.2)
     assert loss.item() == pytest.approx(0.5 * (0.25 + 0.09 + 1.0) / 3)
     assert frac.item() == pytest.approx(1 / 3)
+    # one rank's share of a mini-batch spread over ranks, 12 mask tokens in all: the same sums over 12, not 3
+    share, share_frac = value_loss(values, old, returns, mask, clip=0.2, tokens=12)
+    assert share.item() == pytest.approx(0.5 * (0.25 + 0.09 + 1.0) / 12)
+    assert share_frac.item() == pytest.approx(1 / 12)
+
+
+def test_masked_moments_by_hand():
+    # masked entries 1, 2, 3 and 4: mean 2.5, population variance (2.25 + 0.25 + 0.25 + 2.25) / 4 = 1.25;
+    # the second column is the first plus 1e8 in float64: the same variance (E[x^2] - E[x]^2 would lose it all)
+    x = torch.tensor([[1.0, 2.0, 3.0], [4.0, -7.0, 9.0]])
+    mask = torch.tensor([[1, 1, 1], [1, 0, 0]])
+    n, [(mean, var), (mean_far, var_far)] = masked_moments([x, x.double() + 1e8], mask)
+    assert n == 4 and mean == pytest.approx(2.5) and var == pytest.approx(1.25)
+    assert mean_far == pytest.approx(1e8 + 2.5) and var_far == pytest.approx(1.25, rel=1e-9)
 
 
 def test_value_loss_gradient_matches_autograd_and_the_closed_form():

@@ -1,6 +1,7 @@
 """Tests of data-parallel training (engine.distributed): 2 ranks on CPU with the gloo backend.
 
-- one update on 2 ranks, each with half of a fixed batch, gives the parameters one process gets on the whole batch;
+- one update on 2 ranks, each with half of a fixed batch, gives the parameters one process gets on the whole batch
+  (PPO: its critic's too, and the advantages whitened over the whole batch);
 - a 2-rank run logs both ranks' rollouts for every step, with ids unique across ranks, and its step metrics are the
   ones computed from every logged rollout (not rank 0's share);
 - killing one rank marks the run crashed, and the run resumes on another number of ranks.
@@ -47,7 +48,7 @@ def _fixed_batch(policy, tokenizer, lengths=LENGTHS) -> Batch:
     seq_adv = torch.randn(B, generator=gen)
     rollouts = [Rollout(problem=Problem(b // 2, "1+1=", "2", ("2",)), group_id=b // 2, index_in_group=b % 2,
                         completion_ids=input_ids[b, P : P + lengths[b]].tolist(), completion="", truncated=False,
-                        advantage=float(seq_adv[b])) for b in range(B)]
+                        reward_correct=float(b % 3 == 0), advantage=float(seq_adv[b])) for b in range(B)]
     return Batch(
         rollouts=rollouts, dropped=[], gen_batches=1, input_ids=input_ids, attention_mask=attention_mask,
         prompt_len=P, token_mask=token_mask, loss_mask=token_mask.clone(), old_logp=old_logp * token_mask,
@@ -63,8 +64,16 @@ def _rows(batch: Batch, rows: slice) -> Batch:
         if isinstance(getattr(batch, f.name), torch.Tensor)})
 
 
-def _one_update(algo: str, world: World | None, out: Path | None = None):
-    """Build the model and the fixed batch, run update() on this rank's rows; returns (parameters, records)."""
+# The four aggregations of the policy loss, and PPO: its critic (targets, value loss) and the policy loss on them.
+UPDATE_ALGOS = ("dapo", "grpo", "dr_grpo", "gspo", "ppo")
+CRITIC_METRICS = ("advantage_mean", "advantage_std", "explained_variance", "value_loss", "value_clip_frac",
+                  "critic_grad_norm")
+
+
+def _one_update(algo: str, world: World | None) -> dict:
+    """Build the model (and PPO's critic) and the fixed batch, run one step's update on this rank's rows as
+    engine.train does; returns the parameters before and after, the passes' (loss, grad norm) and the critic's."""
+    from engine.critic import PPOCritic
     from engine.policy import ModelConfig, build_model, build_tokenizer
     from engine.train import update
 
@@ -73,56 +82,89 @@ def _one_update(algo: str, world: World | None, out: Path | None = None):
     policy = build_model(tokenizer, ModelConfig(hidden_size=64, num_layers=2, num_heads=2, intermediate_size=128),
                          seed=0).eval()  # eval: no dropout
     batch = _fixed_batch(policy, tokenizer)
-    cfg = tiny_config(algo=algo, batch_size=B, group_size=2, epochs=2, minibatches=1, lr=1e-3)
+    # the critic at the policy's lr (not its default 10x): Adam turns float noise in near-zero gradients into
+    # steps of up to lr, which at 1e-2 reach the 1e-5 this test compares at
+    cfg = tiny_config(algo=algo, batch_size=B, group_size=2, epochs=2, minibatches=1, lr=1e-3,
+                      **({"critic_lr": 1e-3} if algo == "ppo" else {}))
+    critic = PPOCritic.build(policy, cfg)  # None but for PPO
+    if critic is not None:  # a head that predicts something (it starts at 0): values, GAE and value clip all act
+        with torch.no_grad():
+            head = critic.model.head.weight
+            head.copy_(0.3 * torch.randn(head.shape, generator=torch.Generator().manual_seed(1)))
+    models = {"policy": policy, **({"critic": critic.model} if critic else {})}
+    start = {f"{m}.{k}": v.detach().clone() for m, model in models.items() for k, v in model.state_dict().items()}
     trained = policy
     if world is not None:
         share = B // world.size
         batch = _rows(batch, slice(world.rank * share, (world.rank + 1) * share))
         trained = torch.nn.parallel.DistributedDataParallel(policy)
+    gen = torch.Generator().manual_seed(0)
+    out = {"start": start, "critic": {}}
+    if critic is not None:
+        critic.distribute(world or World(), torch.device("cpu"))
+        critic.targets(batch, supervision=cfg.supervision, kl_coef=cfg.kl_coef, gamma=cfg.gae_gamma,
+                       lam=cfg.gae_lambda, whiten=cfg.whiten_advantages)
+        out["loss_advantages"] = batch.loss_advantages.clone()
     optimizer = torch.optim.AdamW(policy.parameters(), lr=cfg.lr)
-    records = update(trained, optimizer, batch, cfg, torch.Generator().manual_seed(0), world)
-    params = {k: v.detach().clone() for k, v in policy.state_dict().items()}
-    return params, [(r.loss, r.grad_norm) for r in records]
+    out["records"] = [(r.loss, r.grad_norm) for r in update(trained, optimizer, batch, cfg, gen, world)]
+    if critic is not None:
+        out["critic"] = critic.update(batch, gen, epochs=cfg.epochs, minibatches=cfg.minibatches,
+                                      value_clip=cfg.value_clip, value_coef=cfg.value_coef,
+                                      max_grad_norm=cfg.max_grad_norm).metrics()
+    out["params"] = {f"{m}.{k}": v.detach().clone() for m, model in models.items()
+                     for k, v in model.state_dict().items()}
+    return out
 
 
-def _update_worker(rank: int, algo: str, folder: str) -> None:
+def _update_worker(rank: int, folder: str) -> None:
     import torch.distributed as dist
 
     dist.init_process_group("gloo", init_method=f"file://{folder}/rendezvous", rank=rank, world_size=RANKS)
     try:
-        params, records = _one_update(algo, World(rank=rank, size=RANKS))
-        torch.save({"params": params, "records": records}, f"{folder}/rank{rank}.pt")
+        for algo in UPDATE_ALGOS:  # one pair of processes for every algorithm: starting them is the slow part
+            torch.save(_one_update(algo, World(rank=rank, size=RANKS)), f"{folder}/{algo}-rank{rank}.pt")
         dist.barrier()  # neither rank tears the group down while the other still uses it
     finally:
         dist.destroy_process_group()
 
 
+@pytest.fixture(scope="module")
+def two_rank_updates(tmp_path_factory) -> Path:
+    """The folder where each of 2 ranks saved its `_one_update` of every algorithm of UPDATE_ALGOS."""
+    folder = tmp_path_factory.mktemp("ddp-updates")
+    with pytest.MonkeyPatch.context() as mp:
+        # Spawned processes re-run the parent's __main__ module; after a Streamlit AppTest in the same session that
+        # is the dashboard script. A bare __main__ makes them import only this test module.
+        mp.setitem(sys.modules, "__main__", types.ModuleType("__main__"))
+        torch.multiprocessing.spawn(_update_worker, args=(str(folder),), nprocs=RANKS, join=True)
+    return folder
+
+
 @pytest.mark.slow  # two processes of their own
-@pytest.mark.parametrize("algo", ["dapo", "grpo", "dr_grpo", "gspo"])  # the four aggregations
-def test_one_update_on_two_ranks_equals_one_process_on_the_whole_batch(tmp_path, algo, monkeypatch):
-    # Spawned processes re-run the parent's __main__ module; after a Streamlit AppTest in the same session that is
-    # the dashboard script. A bare __main__ makes them import only this test module.
-    monkeypatch.setitem(sys.modules, "__main__", types.ModuleType("__main__"))
-    torch.multiprocessing.spawn(_update_worker, args=(algo, str(tmp_path)), nprocs=RANKS, join=True)
-    single, single_records = _one_update(algo, None)
-    ranks = [torch.load(tmp_path / f"rank{r}.pt") for r in range(RANKS)]
-    moved = max(float((single[k] - _one_update_start()[k]).abs().max()) for k in single)
-    assert moved > 1e-3  # the update did move the parameters, so equality below means something
+@pytest.mark.parametrize("algo", UPDATE_ALGOS)
+def test_one_update_on_two_ranks_equals_one_process_on_the_whole_batch(two_rank_updates, algo):
+    single = _one_update(algo, None)
+    ranks = [torch.load(two_rank_updates / f"{algo}-rank{r}.pt") for r in range(RANKS)]
+    for model in ("policy", "critic") if algo == "ppo" else ("policy",):
+        moved = max(float((single["params"][k] - v).abs().max()) for k, v in single["start"].items()
+                    if k.startswith(f"{model}."))
+        assert moved > 1e-3, model  # the update did move the parameters, so equality below means something
     for state in ranks:
-        for name, value in single.items():
+        for name, value in single["params"].items():
             torch.testing.assert_close(state["params"][name], value, atol=1e-5, rtol=0, msg=name)
     # each rank's loss is its share of the whole batch's loss; the clipped gradient norm is the global one
-    for p, (loss, grad_norm) in enumerate(single_records):
+    for p, (loss, grad_norm) in enumerate(single["records"]):
         assert sum(state["records"][p][0] for state in ranks) == pytest.approx(loss, abs=1e-5)
         for state in ranks:
             assert state["records"][p][1] == pytest.approx(grad_norm, rel=1e-4)
-
-
-def _one_update_start():
-    from engine.policy import ModelConfig, build_model, build_tokenizer
-
-    return build_model(build_tokenizer(), ModelConfig(hidden_size=64, num_layers=2, num_heads=2,
-                                                      intermediate_size=128), seed=0).state_dict()
+    if algo == "ppo":
+        # the advantages the loss used were whitened with the whole batch's statistics, not each rank's
+        torch.testing.assert_close(torch.cat([state["loss_advantages"] for state in ranks]),
+                                   single["loss_advantages"], atol=1e-5, rtol=0)
+        # and the critic's step metrics are the whole batch's on every rank
+        for state in ranks:
+            for name in CRITIC_METRICS:
+                assert state["critic"][name] == pytest.approx(single["critic"][name], rel=1e-4, abs=1e-6), name
 
 
 # ----------------------------------------------------------------------------- whole runs under torchrun
@@ -131,7 +173,6 @@ def _one_update_start():
 @pytest.mark.parametrize(("flags", "message"), [
     (["--nproc", "3"], "batch_size must be a multiple of group_size x nproc = 12"),
     (["--nproc", "2", "--batch-size", "8", "--minibatches", "8"], "fewer than the 8 mini-batches"),
-    (["--nproc", "2", "--algo", "ppo"], "--algo ppo trains a critic"),
     (["--nproc", "0"], "--nproc must be >= 1"),
 ])
 def test_a_batch_that_cannot_be_split_over_the_processes_is_refused_before_anything_starts(tmp_path, capsys, flags,
@@ -209,10 +250,11 @@ def _logged_steps(run_dir: Path, rank: int) -> list[int]:
 
 @pytest.mark.slow
 def test_killing_one_rank_marks_the_run_crashed_and_it_resumes_on_another_number_of_ranks(tmp_path, warm_cache):
+    # PPO: the run's checkpoints carry its data-parallel critic too, and every rank logs the critic's columns
     from engine.runlog import list_runs
 
     run_dir = tmp_path / "dp-kill"
-    launcher = subprocess.Popen(_train_command(tmp_path, warm_cache, "--nproc", "2", "--algo", "grpo", "--steps",
+    launcher = subprocess.Popen(_train_command(tmp_path, warm_cache, "--nproc", "2", "--algo", "ppo", "--steps",
                                                "200", "--checkpoint-every", "1", "--run-name", "dp-kill"),
                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
@@ -260,3 +302,10 @@ def test_killing_one_rank_marks_the_run_crashed_and_it_resumes_on_another_number
         last = reader.sql("SELECT rank, count(*) AS n FROM rollouts WHERE run = 'dp-kill' AND step = ? "
                           "AND kind = 'train' AND NOT filtered GROUP BY rank ORDER BY rank", [steps + 1])
     assert last.values.tolist() == [[0, 8], [1, 8]]
+    with _reader(tmp_path) as reader:
+        critic = reader.sql("SELECT r.rank, count(*) AS n, count(t.value) AS values, count(t.return) AS returns "
+                            "FROM tokens t JOIN rollouts r USING (run, step, rollout_id) WHERE t.run = 'dp-kill' "
+                            "AND r.kind = 'train' GROUP BY r.rank ORDER BY r.rank")
+        losses = reader.sql("SELECT value_loss, explained_variance FROM steps WHERE run = 'dp-kill' AND step > 0")
+    assert critic["rank"].tolist() == [0, 1] and (critic["values"] == critic["n"]).all()
+    assert (critic["returns"] == critic["n"]).all() and losses.notna().all().all()
