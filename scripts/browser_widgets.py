@@ -183,6 +183,9 @@ GRID_EDITOR = """() => ['INPUT', 'TEXTAREA'].includes(document.activeElement.tag
     && document.activeElement.closest('.gdg-clip-region') !== null"""  # the cell editor the grid opened, focused
 
 
+GRID_ROW_PX = 35  # st.data_editor's header and row height in CSS pixels
+
+
 def _selected_cell(table) -> tuple[int, int] | None:
     """(column, row) of the grid's selected cell, as its mirror says (a moment late: the mirror is redrawn 0.2 s
     after the grid changed); None before anything is selected."""
@@ -194,25 +197,32 @@ def _walk_to_cell(page, table, cell, deadline: float) -> None:
     """Select `cell` (a mirror td) with arrow keys, one key at a time, each awaited in the mirror."""
     target = tuple(int(n) for n in cell.get_attribute("id").rsplit("-", 2)[1:])
     other = table.locator(f'td[role="gridcell"]:not([id="{cell.get_attribute("id")}"])').first
-    focus_attempts = 0
+    focus_attempts, stuck = 0, False
     while (at := _selected_cell(table)) != target:
         if time.monotonic() > deadline:
             raise TimeoutError(f"the grid's selection never reached cell {target} (at {at})")
-        if at is None or not cell.evaluate("cell => cell.closest('canvas').contains(document.activeElement)"):
+        if stuck or at is None or not cell.evaluate(
+                "cell => cell.closest('canvas').contains(document.activeElement)"):
             # keys reach the grid only while it has the focus (a rerun can redraw it): it takes the focus, and
-            # selects a cell of its choice. It ignores the focus of the cell it saw focused last, so every other
-            # attempt focuses another cell.
-            (other if focus_attempts % 2 and other.count() else cell).evaluate("cell => cell.focus()")
+            # selects a cell of its choice. It ignores the focus of the cell it saw focused last, and after another
+            # widget of the page changed a focused mirror cell can select nothing or take no key at all, so the
+            # attempts alternate: focus the cell, click the middle of the target's row (a click selects a cell
+            # and gives the grid the keyboard; the arrow keys then walk from it), focus another cell.
+            if focus_attempts % 3 == 1 and (box := table.locator("canvas").first.bounding_box()):
+                page.mouse.click(box["x"] + box["width"] / 2, box["y"] + (target[1] + 1.5) * GRID_ROW_PX)
+            else:
+                (other if focus_attempts % 3 == 2 and other.count() else cell).evaluate("cell => cell.focus()")
             focus_attempts += 1
         else:
             page.keyboard.press("ArrowRight" if at[0] < target[0] else "ArrowLeft" if at[0] > target[0]
                                 else "ArrowDown" if at[1] < target[1] else "ArrowUp")
         # until the mirror shows the move (it can also show a move made before this one: the loop reads it again),
-        # or for 2 s (a focus the grid ignored is given again)
+        # or for 2 s: a focus or a key the grid ignored (stuck) is followed by another focus attempt
         moved_by = min(deadline, time.monotonic() + 2.0)
         page.wait_for_timeout(50)
         while _selected_cell(table) == at and time.monotonic() < moved_by:
             page.wait_for_timeout(50)
+        stuck = _selected_cell(table) == at
 
 
 def _edit_first_editable_cell(page, table, name: str, attempts: int = 3, timeout_s: float = 30.0) -> None:
