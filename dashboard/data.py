@@ -190,6 +190,37 @@ def step_rollouts(reader, run: str, step: int, kind: str | None = None) -> pd.Da
     )
 
 
+# How much of a completion the pages that show many at once (Groups, Replay) receive: a reasoning run's completions
+# run to 16k tokens (~60k characters), 16 of them a group; the whole text is one click away in the Token inspector.
+COMPLETION_PREVIEW_CHARS = 1500
+
+
+def step_rollout_previews(reader, run: str, step: int, kind: str | None = None,
+                          chars: int = COMPLETION_PREVIEW_CHARS) -> pd.DataFrame:
+    """`step_rollouts` with each completion cut to its first `chars` characters by DuckDB (the page never receives
+    the rest) and `completion_chars`, the whole completion's length in characters."""
+    return reader.sql(
+        f"""SELECT * REPLACE (left(completion, $chars) AS completion), length(completion) AS completion_chars
+            FROM (SELECT {ROLLOUT_COLUMNS} FROM rollouts
+                  WHERE run = $run AND step = $step AND ($kind IS NULL OR kind = $kind))
+            ORDER BY kind DESC, group_id, index_in_group""",
+        {"run": run, "step": step, "kind": kind, "chars": chars},
+    )
+
+
+def groups_matching(reader, run: str, step: int, text: str) -> list:
+    """The train groups of a step with `text` in the prompt or a completion (case-insensitive), searched in the
+    whole texts by DuckDB (the page holds only their previews)."""
+    frame = reader.sql(
+        """SELECT DISTINCT group_id FROM rollouts
+           WHERE run = $run AND step = $step AND kind = 'train'
+             AND (contains(lower(prompt), lower($text)) OR contains(lower(completion), lower($text)))
+           ORDER BY group_id""",
+        {"run": run, "step": step, "text": text},
+    )
+    return frame["group_id"].tolist()
+
+
 OUTCOME_BY_CORRECTNESS = "correctness"
 OUTCOME_BY_REWARD = "reward"
 """How a group's outcome was decided: by its `reward_correct` column, or, for a run that logged none (every TRL run

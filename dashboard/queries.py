@@ -72,6 +72,17 @@ def step_rollouts(logs_dir: str, run: str, step: int, kind: str | None = None) -
 
 
 @st.cache_data(ttl=STEP_TTL, show_spinner=False)
+def step_rollout_previews(logs_dir: str, run: str, step: int, kind: str | None = None,
+                          chars: int = data.COMPLETION_PREVIEW_CHARS) -> pd.DataFrame:
+    return data.step_rollout_previews(get_reader(logs_dir), run, step, kind, chars)
+
+
+@st.cache_data(ttl=STEP_TTL, show_spinner=False)
+def groups_matching(logs_dir: str, run: str, step: int, text: str) -> list:
+    return data.groups_matching(get_reader(logs_dir), run, step, text)
+
+
+@st.cache_data(ttl=STEP_TTL, show_spinner=False)
 def group_summary(logs_dir: str, run: str, step: int) -> pd.DataFrame:
     return data.group_summary(get_reader(logs_dir), run, step)
 
