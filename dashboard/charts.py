@@ -625,48 +625,76 @@ def entropy_bin_bars(bins: pd.DataFrame, n_bins: int, split: float) -> go.Figure
                        legend={"orientation": "h", "y": -0.25}, shapes=shapes)
 
 
-def advantage_schemes(schemes: pd.DataFrame, titles: list[tuple[str, str]], labels: dict[int, str],
-                      highlight: int, steps: pd.DataFrame, tokens: pd.DataFrame) -> go.Figure:
-    """One panel per scheme (rows, in `titles` order, schemes without rows skipped) on one token axis, one line per
-    completion of the group; the `highlight`ed completion drawn bold with its reasoning steps marked on every panel
-    (boundaries dashed, steps the verifier scored as wrong shaded red), the others faint.
+# Past this many reasoning steps (a 16k-token completion has ~300) the boundaries of the highlighted completion's
+# steps would be more lines than the panel has pixels: only its wrong steps are shaded.
+MAX_STEP_LINES = 80
 
-    schemes: long rows (rollout_id, position, scheme, value) from dashboard.recompute.advantage_schemes; steps: the
-    highlighted completion's logged steps (first_pos, last_pos, reward_raw); tokens: its tokens (token_text) for the
-    hover text."""
+
+def advantage_schemes(schemes: pd.DataFrame, titles: list[tuple[str, str]], labels: dict[int, str],
+                      highlight: int, steps: pd.DataFrame, tokens: pd.DataFrame | None) -> go.Figure:
+    """One panel per scheme (rows, in `titles` order, schemes without rows skipped) on one token axis, one line per
+    completion of the group through the means of its bins; the `highlight`ed completion drawn bold, with the band
+    of its bins' min..max when a bin holds more than one token, and its reasoning steps marked on every panel
+    (boundaries dotted, steps the verifier scored as wrong shaded red), the others faint.
+
+    schemes: long rows (rollout_id, scheme, first_pos, last_pos, value, low, high) from
+    dashboard.recompute.advantage_schemes; steps: the highlighted completion's logged steps (first_pos, last_pos,
+    reward_raw); tokens: its tokens (position, token_text) for the hover text of one-token bins, else None."""
     present = [(key, title) for key, title in titles if (schemes["scheme"] == key).any()]
     n = max(1, len(present))
     grid = Subplots(n, 1, [t for _, t in present], vspace=0.3 / n, shared_x=True)
-    hover = [visible_text(str(t)).replace("<br>", "") for t in tokens.sort_values("position")["token_text"]]
+    text = {} if tokens is None else dict(zip(tokens["position"], tokens["token_text"], strict=True))
     rollout_ids = sorted(labels)
     for i, (key, _title) in enumerate(present):
         rows = schemes[schemes["scheme"] == key]
         for j, rid in enumerate(rollout_ids):
-            line = rows[rows["rollout_id"] == rid].sort_values("position")
-            bold = rid == highlight
-            grid.add(i, {
-                "type": "scatter", "x": line["position"].to_numpy(), "y": line["value"].to_numpy(dtype=float),
-                "mode": "lines+markers" if bold else "lines", "line": {"shape": "hv", "width": 3 if bold else 1,
-                                                                       "color": PALETTE[j % len(PALETTE)]},
-                "opacity": 1.0 if bold else 0.35, "marker": {"size": 5}, "name": labels[rid],
-                "legendgroup": str(rid), "showlegend": i == 0,
-                **({"customdata": hover[: len(line)],
-                    "hovertemplate": "#%{x} %{customdata}<br>%{y:.4g}<extra>" + labels[rid] + "</extra>"}
-                   if bold else {"hoverinfo": "skip"}),
-            })
+            line = rows[rows["rollout_id"] == rid].sort_values("first_pos")
+            first, last = line["first_pos"].to_numpy(), line["last_pos"].to_numpy()
+            x, colour, bold = (first + last) / 2, PALETTE[j % len(PALETTE)], rid == highlight
+            trace = {"type": "scatter", "x": x, "y": line["value"].to_numpy(dtype=float),
+                     "mode": "lines+markers" if bold else "lines", "marker": {"size": 5},
+                     "line": {"shape": "hv", "width": 3 if bold else 1, "color": colour},
+                     "opacity": 1.0 if bold else 0.35, "name": labels[rid], "legendgroup": str(rid),
+                     "showlegend": i == 0, "hoverinfo": "skip"}
+            if bold and (last > first).any():  # bins of many tokens: their min..max as a band, the range on hover
+                low, high = line["low"].to_numpy(dtype=float), line["high"].to_numpy(dtype=float)
+                for edge, fill in ((low, "none"), (high, "tonexty")):
+                    grid.add(i, {"type": "scatter", "x": x, "y": edge, "mode": "lines", "fill": fill,
+                                 "line": {"shape": "hv", "width": 0, "color": colour}, "fillcolor": "rgba(0,0,0,0.12)",
+                                 "showlegend": False, "hoverinfo": "skip"})
+                trace.update(customdata=np.stack([first, last, low, high], axis=-1), hoverinfo=None,
+                             hovertemplate="tokens %{customdata[0]}–%{customdata[1]}: mean %{y:.4g}, min "
+                             "%{customdata[2]:.4g}, max %{customdata[3]:.4g}<extra>" + labels[rid] + "</extra>")
+            elif bold:
+                trace.update(customdata=[visible_text(str(text.get(p, ""))).replace("<br>", "") for p in first],
+                             hoverinfo=None, hovertemplate="#%{x} %{customdata}<br>%{y:.4g}<extra>" + labels[rid]
+                             + "</extra>")
+            grid.add(i, trace)
         grid.axis(i, "y").update(zeroline=True)
     grid.axis(n - 1, "x").update(title={"text": "token position"})
-    shapes = []
-    for step in steps.sort_values("step_index").itertuples(index=False):
-        wrong = float(step.reward_raw) < 0
-        for i in range(n):
-            x, y = grid.ref(i)
-            if wrong:
-                shapes.append({"type": "rect", "xref": x, "yref": f"{y} domain", "x0": step.first_pos - 0.5,
-                               "x1": step.last_pos + 0.5, "y0": 0, "y1": 1, "fillcolor": "#d62728", "opacity": 0.12,
-                               "line": {"width": 0}, "layer": "below"})
-            shapes.append({"type": "line", "xref": x, "yref": f"{y} domain", "x0": step.first_pos - 0.5,
-                           "x1": step.first_pos - 0.5, "y0": 0, "y1": 1, "line": {"color": "#888", "width": 1,
-                                                                                   "dash": "dot"}})
-    return grid.figure(height=max(300, 210 * n), shapes=shapes, margin={"l": 50, "r": 10, "t": 40, "b": 40},
+    return grid.figure(height=max(300, 210 * n), shapes=_step_marks(steps, grid, n),
+                       margin={"l": 50, "r": 10, "t": 40, "b": 40},
                        legend={"orientation": "h", "y": 1.0 + 0.12 / n, "yanchor": "bottom"})
+
+
+def _step_marks(steps: pd.DataFrame, grid: Subplots, panels: int) -> list[dict]:
+    """On each panel: a dotted line where each reasoning step starts (up to MAX_STEP_LINES steps) and a red band
+    over each run of consecutive steps the verifier scored as wrong."""
+    steps = steps.sort_values("step_index")
+    wrong_runs: list[list[float]] = []  # [first_pos, last_pos] of each run of wrong steps
+    for step in steps.itertuples(index=False):
+        if float(step.reward_raw) < 0:
+            if wrong_runs and wrong_runs[-1][1] + 1 >= step.first_pos:
+                wrong_runs[-1][1] = step.last_pos
+            else:
+                wrong_runs.append([step.first_pos, step.last_pos])
+    starts = steps["first_pos"].tolist() if len(steps) <= MAX_STEP_LINES else []
+    shapes = []
+    for i in range(panels):
+        x, y = grid.ref(i)
+        shapes += [{"type": "rect", "xref": x, "yref": f"{y} domain", "x0": first - 0.5, "x1": last + 0.5, "y0": 0,
+                    "y1": 1, "fillcolor": "#d62728", "opacity": 0.12, "line": {"width": 0}, "layer": "below"}
+                   for first, last in wrong_runs]
+        shapes += [{"type": "line", "xref": x, "yref": f"{y} domain", "x0": first - 0.5, "x1": first - 0.5, "y0": 0,
+                    "y1": 1, "line": {"color": "#888", "width": 1, "dash": "dot"}} for first in starts]
+    return shapes

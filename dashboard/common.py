@@ -299,6 +299,11 @@ def load(what: str, function, *args, **kwargs):
         st.stop()
 
 
+# The bins of token positions a per-token figure of long completions gets (DuckDB bins them): about a pixel each on
+# a wide page; completions of at most this many tokens get one bin per token.
+SCREEN_BINS = 1000
+
+
 def train_groups(selection: Selection):
     """(group summary, train rollouts) of the selected step (dashboard.queries), or stop the page saying there are
     none."""

@@ -404,6 +404,29 @@ def critic_tokens(reader, run: str, step: int, rollout_ids: tuple[int, ...]) -> 
     )
 
 
+CRITIC_CHANNELS = ("advantage", "value", "kl_reward")
+
+
+def critic_token_bins(reader, run: str, step: int, rollout_ids: tuple[int, ...], bins: int) -> pd.DataFrame:
+    """`critic_tokens` of some rollouts (a group) in bins of consecutive positions, one width for all of them
+    (`width`: ceil((the group's last position + 1) / `bins`), 1 for completions of at most `bins` tokens), so the
+    group's lines share one token axis at screen resolution; DuckDB bins them, the page receives only the bins.
+
+    One row per rollout and non-empty bin: `rollout_id`, `bin`, `width`, `first_pos`, `last_pos`, `tokens`, and for
+    each of `CRITIC_CHANNELS` its mean, `<channel>_low` (min) and `<channel>_high` (max), NULL without values."""
+    stats = ", ".join(f'avg({c}) AS {c}, min({c}) AS {c}_low, max({c}) AS {c}_high' for c in CRITIC_CHANNELS)
+    return reader.sql(
+        f"""
+        WITH rows AS (SELECT rollout_id, position, {", ".join(CRITIC_CHANNELS)} FROM tokens WHERE {of_rollouts()}),
+             width AS (SELECT greatest(1, ceil((max(position) + 1) / $bins))::BIGINT AS w FROM rows)
+        SELECT rollout_id, position // w AS bin, any_value(w) AS width, min(position) AS first_pos,
+               max(position) AS last_pos, count(*) AS tokens, {stats}
+        FROM rows, width GROUP BY rollout_id, bin ORDER BY rollout_id, bin
+        """,
+        rollouts_of_step(run, step, rollout_ids, bins=bins),
+    )
+
+
 def step_whitening(reader, run: str, step: int) -> tuple[float, float] | None:
     """(mean, std) a critic run's loss whitened this step's GAE advantages with (every step of a critic run logs
     them); None without a critic."""

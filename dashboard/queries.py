@@ -135,6 +135,11 @@ def critic_tokens(logs_dir: str, run: str, step: int, rollout_ids: tuple[int, ..
 
 
 @st.cache_data(ttl=STEP_TTL, show_spinner=False)
+def critic_token_bins(logs_dir: str, run: str, step: int, rollout_ids: tuple[int, ...], bins: int) -> pd.DataFrame:
+    return data.critic_token_bins(get_reader(logs_dir), run, step, rollout_ids, bins)
+
+
+@st.cache_data(ttl=STEP_TTL, show_spinner=False)
 def step_whitening(logs_dir: str, run: str, step: int) -> tuple[float, float] | None:
     return data.step_whitening(get_reader(logs_dir), run, step)
 
