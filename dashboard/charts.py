@@ -294,22 +294,31 @@ def position_tick_step(positions: int, max_ticks: int = 40) -> int:
     return step
 
 
-def prm_advantage_line(tokens: pd.DataFrame, prm_steps: pd.DataFrame) -> go.Figure:
-    """Per-token advantage of one completion as a line, its reasoning steps shaded, normalized step rewards noted."""
+def prm_advantage_line(bins: pd.DataFrame, prm_steps: pd.DataFrame, tokens: pd.DataFrame | None) -> go.Figure:
+    """Per-token advantage of one completion as a line through the means of its bins (`dashboard.data.
+    critic_token_bins`), its reasoning steps shaded and their normalized rewards noted (up to MAX_STEP_LINES steps:
+    past that the staircase itself shows them); `tokens` (position, token_text): hover text of one-token bins."""
     shapes, notes = [], []
-    for i, step in enumerate(prm_steps.sort_values("step_index").itertuples(index=False)):
-        shapes.append({"type": "rect", "xref": "x", "yref": "paper", "x0": step.first_pos - 0.5,
-                       "x1": step.last_pos + 0.5, "y0": 0, "y1": 1, "line": {"width": 0}, "opacity": 0.10,
-                       "fillcolor": "#1f77b4" if i % 2 == 0 else "#ff7f0e", "layer": "below"})
-        notes.append({"x": step.first_pos - 0.5, "y": 1, "xref": "x", "yref": "paper", "xanchor": "left",
-                      "yanchor": "bottom", "showarrow": False, "font": {"size": 10},
-                      "text": f"step {step.step_index}: r={step.reward_raw:.3g} → {step.reward_norm:+.3g}"})
+    if len(prm_steps) <= MAX_STEP_LINES:
+        for i, step in enumerate(prm_steps.sort_values("step_index").itertuples(index=False)):
+            shapes.append({"type": "rect", "xref": "x", "yref": "paper", "x0": step.first_pos - 0.5,
+                           "x1": step.last_pos + 0.5, "y0": 0, "y1": 1, "line": {"width": 0}, "opacity": 0.10,
+                           "fillcolor": "#1f77b4" if i % 2 == 0 else "#ff7f0e", "layer": "below"})
+            notes.append({"x": step.first_pos - 0.5, "y": 1, "xref": "x", "yref": "paper", "xanchor": "left",
+                          "yanchor": "bottom", "showarrow": False, "font": {"size": 10},
+                          "text": f"step {step.step_index}: r={step.reward_raw:.3g} → {step.reward_norm:+.3g}"})
     shapes.append({"type": "line", "xref": "paper", "yref": "y", "x0": 0, "x1": 1, "y0": 0, "y1": 0,
                    "line": {"color": "#888", "width": 1}})
-    hover = [visible_text(str(t)).replace("<br>", "") for t in tokens["token_text"]]
-    line = {"type": "scatter", "x": tokens["position"].to_numpy(), "y": tokens["advantage"].to_numpy(dtype=float),
-            "mode": "lines+markers", "line": {"shape": "hv"}, "name": "advantage", "customdata": hover,
-            "marker": {"size": 4}, "hovertemplate": "#%{x} %{customdata}<br>advantage %{y:.4g}<extra></extra>"}
+    first, last = bins["first_pos"].to_numpy(), bins["last_pos"].to_numpy()
+    line = {"type": "scatter", "x": (first + last) / 2, "y": bins["advantage"].to_numpy(dtype=float),
+            "mode": "lines+markers", "line": {"shape": "hv"}, "name": "advantage", "marker": {"size": 4}}
+    if (last > first).any():
+        line.update(customdata=np.stack([first, last], axis=-1),
+                    hovertemplate="tokens %{customdata[0]}–%{customdata[1]}<br>mean advantage %{y:.4g}<extra></extra>")
+    else:
+        text = {} if tokens is None else dict(zip(tokens["position"], tokens["token_text"], strict=True))
+        line.update(customdata=[visible_text(str(text.get(p, ""))).replace("<br>", "") for p in first],
+                    hovertemplate="#%{x} %{customdata}<br>advantage %{y:.4g}<extra></extra>")
     return go.Figure(data=[line], layout={
         "height": 300, "margin": {"l": 40, "r": 10, "t": 30, "b": 30}, "shapes": shapes, "annotations": notes,
         "xaxis": {"title": {"text": "token position"}}, "yaxis": {"title": {"text": "advantage"}},
