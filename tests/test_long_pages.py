@@ -15,7 +15,7 @@ import pandas as pd
 import pytest
 from test_dashboard import array, dataframe, independent, open_page, plotly_spec
 
-from dashboard import charts, data, recompute
+from dashboard import advantage_charts, data, recompute
 from dashboard.tokens import visible_text
 
 LENGTHS = (5000, 1200, 20)  # tokens of rollouts 0, 1, 2: one group
@@ -158,7 +158,7 @@ def test_advantages_of_a_short_completion_alone_keep_one_point_per_token(logs):
                                           bins, pd.DataFrame(columns=["rollout_id", "step_index", "last_pos",
                                                                       "reward_raw"]))
     steps = pd.DataFrame({"step_index": [0], "first_pos": [0], "last_pos": [19], "reward_raw": [-1.0]})
-    figure = charts.advantage_schemes(schemes, list(recompute.SCHEMES), {2: "#2"}, 2, steps, short)
+    figure = advantage_charts.advantage_schemes(schemes, list(recompute.SCHEMES), {2: "#2"}, 2, steps, short)
     value = next(t for t in figure.data if t.xaxis == "x3" and t.line.width == 3)  # panels: outcome, GAE, value, KL
     assert list(value.x) == list(range(20))
     assert list(value.customdata) == [visible_text(t).replace("<br>", "") for t in short["token_text"]]

@@ -9,7 +9,7 @@ from __future__ import annotations
 import pandas as pd
 import streamlit as st
 
-from dashboard import charts, common, data, queries
+from dashboard import advantage_charts, common, data, queries
 from dashboard.tokens import reasoning_steps_html
 
 # The worked PRM example: two solutions of 2x + 3 = 7 scored step by step, one right, one wrong from step 2 on.
@@ -87,11 +87,11 @@ def logged_view() -> None:
         if uses_step_rewards:  # with outcome supervision the advantage is one flat line: nothing to show per step
             bins = common.load("the token bins", queries.critic_token_bins, logs, run, step, (rollout_id,),
                                common.SCREEN_BINS)
-            st.plotly_chart(charts.prm_advantage_line(bins, own, tokens), key="prm_advantage_line")
+            st.plotly_chart(advantage_charts.prm_advantage_line(bins, own, tokens), key="prm_advantage_line")
     st.markdown(f"**All {len(group)} completions of group {common.md(rollout.group_id)}: step rewards**")
     index_of = dict(zip(group["rollout_id"], group["index_in_group"], strict=True))
     labelled = steps.assign(completion=steps["rollout_id"].map(lambda r: f"#{common.plain(index_of[r])}"))
-    st.plotly_chart(charts.group_step_rewards(labelled), key="group_step_rewards")
+    st.plotly_chart(advantage_charts.group_step_rewards(labelled), key="group_step_rewards")
     table = labelled[["completion", "step_index", "text", "reward_raw", "reward_norm"]]
     st.dataframe(common.page_of(st, table, TABLE_ROWS, f"prm_table_page_{rollout_id}"), hide_index=True,
                  key="prm_table")
@@ -148,7 +148,7 @@ def sandbox() -> None:
                       for label, values in zip(labels, normalized, strict=True)]),
         hide_index=True, key="prm_sandbox_normalized",
     )
-    st.plotly_chart(charts.sandbox_advantages(advantages, labels, [sum(n) for n in step_lengths]),
+    st.plotly_chart(advantage_charts.sandbox_advantages(advantages, labels, [sum(n) for n in step_lengths]),
                     key="prm_sandbox_chart")
 
 
