@@ -10,7 +10,7 @@ import numpy as np
 import pandas as pd
 import plotly.graph_objects as go
 
-from dashboard.charts import PALETTE, Subplots, zero_line
+from dashboard.charts import PALETTE, Subplots, position_tick_step, zero_line
 from dashboard.tokens import visible_text
 
 # Past this many reasoning steps (a 16k-token completion has ~300) the boundaries of the highlighted completion's
@@ -131,8 +131,9 @@ def group_step_rewards(prm_steps: pd.DataFrame) -> go.Figure:
             grid.add(panel, {"type": "bar", "x": frame["step_index"].to_numpy(), "y": frame[col].to_numpy(dtype=float),
                              "name": str(label), "legendgroup": str(label), "showlegend": panel == 0,
                              "marker": {"color": colour}})
-    for panel in range(len(columns)):
-        grid.axis(panel, "x").update(title={"text": "step"}, dtick=1)
+    steps = int(prm_steps["step_index"].max()) + 1 if len(prm_steps) else 1
+    for panel in range(len(columns)):  # a tick per step up to 40 steps (a 16k-token completion has ~300)
+        grid.axis(panel, "x").update(title={"text": "step"}, dtick=position_tick_step(steps))
     return grid.figure(height=280, barmode="group", margin={"l": 40, "r": 10, "t": 40, "b": 40})
 
 

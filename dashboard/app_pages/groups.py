@@ -91,7 +91,7 @@ for group in shown.iloc[(page - 1) * GROUPS_PER_PAGE: page * GROUPS_PER_PAGE].it
                 column.caption(common.md(common.reward_breakdown(r)))
                 # st.code escapes its text and keeps whitespace and newlines as they are.
                 column.code(common.plain(r.completion), language=None, wrap_lines=True)
-                if r.completion_chars > len(r.completion):
+                if pd.notna(r.completion_chars) and r.completion_chars > len(r.completion):
                     column.caption(f"the first {len(r.completion):,} of {r.completion_chars:,} characters")
                 if pd.notna(r.rollout_id):  # without its id a completion's tokens cannot be found
                     column.page_link("app_pages/token_inspector.py", label="tokens", icon=":material/text_fields:",

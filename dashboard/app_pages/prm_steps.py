@@ -101,10 +101,10 @@ def reasoning_text(rollout_id: int, own: pd.DataFrame) -> pd.DataFrame:
     """The completion's text step by step, STEPS_PER_PAGE steps at a time (a 16k-token completion has ~300): only
     the page's tokens are read (from position 0 on the first page, to the end on the last, so tokens outside every
     step are shown as before). Returns those tokens."""
-    own = own.sort_values("step_index")
+    own = own[own["first_pos"].notna() & own["last_pos"].notna()].sort_values("step_index")  # others are not drawn
     shown = common.page_of(st, own, STEPS_PER_PAGE, f"prm_text_page_{rollout_id}")
-    first = 0 if shown.index[0] == own.index[0] else int(shown["first_pos"].min())
-    last = None if shown.index[-1] == own.index[-1] else int(shown["last_pos"].max())
+    first = 0 if shown.empty or shown.index[0] == own.index[0] else int(shown["first_pos"].min())
+    last = None if shown.empty or shown.index[-1] == own.index[-1] else int(shown["last_pos"].max())
     tokens = common.load("the tokens", queries.rollout_tokens, logs, run, step, (rollout_id,), None, (first, last))
     st.html(reasoning_steps_html(tokens, shown))
     return tokens
