@@ -261,21 +261,30 @@ def describe(logs_dir: Path, run: str) -> None:
           f"{len(list(data_dir_of(logs_dir / run).iterdir()))} folders")
 
 
+def cpu_seconds() -> float:
+    """CPU time of this process so far, every thread's (DuckDB's and the script runner's included)."""
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return usage.ru_utime + usage.ru_stime
+
+
 def time_reruns(at, repeat: int) -> dict[str, float]:
     """Median server time of re-running the current page with no cached query results (cold), with a new reader
-    too (new reader), and right after (warm)."""
+    too (new reader), and right after (warm); the CPU seconds of the cold and warm runs too (the honest figure on a
+    busy machine, where wall time counts the waits for a core)."""
     import streamlit as st
 
-    times: dict[str, list[float]] = {"new reader": [], "cold": [], "warm": []}
+    times: dict[str, list[float]] = {"new reader": [], "cold": [], "warm": [], "cold cpu": [], "warm cpu": []}
     for _ in range(repeat):
-        for label in times:
+        for label in ("new reader", "cold", "warm"):
             if label == "new reader":
                 st.cache_resource.clear()
             if label != "warm":
                 st.cache_data.clear()
-            started = time.perf_counter()
+            started, cpu = time.perf_counter(), cpu_seconds()
             at.run()
             times[label].append(time.perf_counter() - started)
+            if label != "new reader":
+                times[f"{label} cpu"].append(cpu_seconds() - cpu)
             assert not at.exception, [e.message for e in at.exception]
     return {label: statistics.median(values) for label, values in times.items()}
 
@@ -290,7 +299,10 @@ def longest_rollout(logs_dir: Path, run: str) -> tuple[int, int, int]:
 
 
 def time_pages(logs_dir: Path, run: str, step: int, repeat: int, pages: list[str] = PAGES) -> list[dict]:
+    import streamlit as st
     from streamlit.testing.v1 import AppTest
+
+    from engine.runlog import RunReader
 
     os.environ["POLICYLENS_LOGS_DIR"] = str(logs_dir)
     at = AppTest.from_file(str(ROOT / "dashboard" / "streamlit_app.py"), default_timeout=600)
@@ -308,8 +320,25 @@ def time_pages(logs_dir: Path, run: str, step: int, repeat: int, pages: list[str
     at.switch_page("app_pages/algorithm_weighting.py").run()
     at.radio(key="weigh_scope").set_value("the whole step")
     rows.append({"page": "weighting, whole step", **time_reruns(at, repeat)})
-    # The Token inspector on the run's longest completion, then moving its window (each window a new query).
+    # The pages of one group and one completion on the run's longest completion (its group for Advantages).
     token_step, rollout, length = longest_rollout(logs_dir, run)
+    group = int(RunReader(logs_dir, run).sql("SELECT group_id FROM rollouts WHERE step = ? AND rollout_id = ?",
+                                             [token_step, rollout])["group_id"].iloc[0])
+    at.query_params["step"], at.query_params["rollout"], at.query_params["group"] = token_step, rollout, group
+    for page in ("advantages", "prm_steps"):
+        at.switch_page(f"app_pages/{page}.py").run()
+        rows.append({"page": f"{page}, {length} tok", **time_reruns(at, repeat)})
+    # Replay's step move: from a step to a step not seen yet, then back.
+    at.switch_page("app_pages/replay.py").run()
+    st.cache_data.clear()
+    at.select_slider(key="replay_step").set_value(step).run()
+    for label, target in (("replay, new step", step + 1), ("replay, seen step", step)):
+        started, cpu = time.perf_counter(), cpu_seconds()
+        at.select_slider(key="replay_step").set_value(target).run()
+        assert not at.exception, [e.message for e in at.exception]
+        rows.append({"page": label, "new reader": math.nan, "cold": time.perf_counter() - started, "warm": math.nan,
+                     "cold cpu": cpu_seconds() - cpu, "warm cpu": math.nan})
+    # The Token inspector on the run's longest completion, then moving its window (each window a new query).
     at.query_params["step"], at.query_params["rollout"] = token_step, rollout
     at.switch_page("app_pages/token_inspector.py").run()
     rows.append({"page": f"tokens, {length} tok", **time_reruns(at, repeat)})
@@ -321,7 +350,7 @@ def time_pages(logs_dir: Path, run: str, step: int, repeat: int, pages: list[str
             moves.append(time.perf_counter() - started)
             assert not at.exception, [e.message for e in at.exception]
         rows.append({"page": "tokens, move window", "new reader": math.nan, "cold": statistics.median(moves),
-                     "warm": math.nan})
+                     "warm": math.nan, "cold cpu": math.nan, "warm cpu": math.nan})
     return rows
 
 
@@ -484,10 +513,11 @@ def main(argv: list[str] | None = None) -> int:
             print(f"  {name:<40} {seconds * 1000:8.1f} ms {cpu * 1000:8.1f} ms")
     if not args.skip_pages:
         print(f"\npage render at step {(args.steps - 1) // 2}, server time (AppTest, median of {args.repeat}):")
-        print(f"  {'page':<22} {'new reader':>10} {'cold (s)':>9} {'warm (s)':>9}")
+        print(f"  {'page':<26} {'new reader':>10} {'cold (s)':>9} {'warm (s)':>9} {'cold cpu':>9} {'warm cpu':>9}")
         step = (args.steps - 1) // 2
         for row in time_pages(run_dir_logs, run, step, args.repeat, args.pages.split(",")):
-            print(f"  {row['page']:<22} {row['new reader']:10.3f} {row['cold']:9.3f} {row['warm']:9.3f}")
+            print(f"  {row['page']:<26} {row['new reader']:10.3f} {row['cold']:9.3f} {row['warm']:9.3f} "
+                  f"{row['cold cpu']:9.3f} {row['warm cpu']:9.3f}")
     print(f"\npeak resident memory of this process (the dashboard server): {peak_rss_mb():.0f} MB")
     return 0
 

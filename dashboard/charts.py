@@ -295,59 +295,7 @@ def position_tick_step(positions: int, max_ticks: int = 40) -> int:
     return step
 
 
-def prm_advantage_line(tokens: pd.DataFrame, prm_steps: pd.DataFrame) -> go.Figure:
-    """Per-token advantage of one completion as a line, its reasoning steps shaded, normalized step rewards noted."""
-    shapes, notes = [], []
-    for i, step in enumerate(prm_steps.sort_values("step_index").itertuples(index=False)):
-        shapes.append({"type": "rect", "xref": "x", "yref": "paper", "x0": step.first_pos - 0.5,
-                       "x1": step.last_pos + 0.5, "y0": 0, "y1": 1, "line": {"width": 0}, "opacity": 0.10,
-                       "fillcolor": "#1f77b4" if i % 2 == 0 else "#ff7f0e", "layer": "below"})
-        notes.append({"x": step.first_pos - 0.5, "y": 1, "xref": "x", "yref": "paper", "xanchor": "left",
-                      "yanchor": "bottom", "showarrow": False, "font": {"size": 10},
-                      "text": f"step {step.step_index}: r={step.reward_raw:.3g} → {step.reward_norm:+.3g}"})
-    shapes.append({"type": "line", "xref": "paper", "yref": "y", "x0": 0, "x1": 1, "y0": 0, "y1": 0,
-                   "line": {"color": "#888", "width": 1}})
-    hover = [visible_text(str(t)).replace("<br>", "") for t in tokens["token_text"]]
-    line = {"type": "scatter", "x": tokens["position"].to_numpy(), "y": tokens["advantage"].to_numpy(dtype=float),
-            "mode": "lines+markers", "line": {"shape": "hv"}, "name": "advantage", "customdata": hover,
-            "marker": {"size": 4}, "hovertemplate": "#%{x} %{customdata}<br>advantage %{y:.4g}<extra></extra>"}
-    return go.Figure(data=[line], layout={
-        "height": 300, "margin": {"l": 40, "r": 10, "t": 30, "b": 30}, "shapes": shapes, "annotations": notes,
-        "xaxis": {"title": {"text": "token position"}}, "yaxis": {"title": {"text": "advantage"}},
-    }, _validate=False)
-
-
-def group_step_rewards(prm_steps: pd.DataFrame) -> go.Figure:
-    """All G completions' step rewards of one group: raw and normalized, one colour per completion (raw only for a
-    run trained with outcome supervision, which logs no normalized step rewards)."""
-    columns = ["reward_raw", "reward_norm"] if prm_steps["reward_norm"].notna().any() else ["reward_raw"]
-    titles = {"reward_raw": "raw step reward", "reward_norm": "normalized over the group"}
-    grid = Subplots(1, len(columns), [titles[c] for c in columns], vspace=0)
-    for i, (label, frame) in enumerate(prm_steps.groupby("completion", sort=True)):
-        colour = PALETTE[i % len(PALETTE)]
-        for panel, col in enumerate(columns):
-            grid.add(panel, {"type": "bar", "x": frame["step_index"].to_numpy(), "y": frame[col].to_numpy(dtype=float),
-                             "name": str(label), "legendgroup": str(label), "showlegend": panel == 0,
-                             "marker": {"color": colour}})
-    for panel in range(len(columns)):
-        grid.axis(panel, "x").update(title={"text": "step"}, dtick=1)
-    return grid.figure(height=280, barmode="group", margin={"l": 40, "r": 10, "t": 40, "b": 40})
-
-
-def sandbox_advantages(advantages: np.ndarray, labels: list[str], lengths: list[int]) -> go.Figure:
-    """Per-token advantages computed by the sandbox, one line per completion."""
-    # Labels are typed by the user into the sandbox: escaped, since plotly draws <a href>, <b>... in legend names.
-    lines = [{"type": "scatter", "x": np.arange(lengths[i]), "y": advantages[i, : lengths[i]],
-              "name": html.escape(label), "mode": "lines+markers", "line": {"shape": "hv"}, "marker": {"size": 5}}
-             for i, label in enumerate(labels)]
-    return go.Figure(data=lines, layout={
-        "height": 280, "margin": {"l": 40, "r": 10, "t": 20, "b": 30},
-        "xaxis": {"title": {"text": "token position"}}, "yaxis": {"title": {"text": "advantage"}},
-        "shapes": [_zero_line()],
-    }, _validate=False)
-
-
-def _zero_line() -> dict:
+def zero_line() -> dict:
     return {"type": "line", "xref": "paper", "yref": "y", "x0": 0, "x1": 1, "y0": 0, "y1": 0,
             "line": {"color": "#888", "width": 1}}
 
@@ -391,7 +339,7 @@ def total_weight_vs_length(totals: pd.DataFrame) -> go.Figure:
                        "hovertemplate": "%{fullData.name}<br>%{customdata[0]} (A=%{customdata[1]:.3g})<br>length %{x}"
                        "<br>total weight %{y:.4g}<extra></extra>"})
     return go.Figure(data=traces, layout={
-        "height": 330, "margin": {"l": 40, "r": 10, "t": 20, "b": 30}, "shapes": [_zero_line()],
+        "height": 330, "margin": {"l": 40, "r": 10, "t": 20, "b": 30}, "shapes": [zero_line()],
         "xaxis": {"title": {"text": "completion length (tokens)"}},
         "yaxis": {"title": {"text": "sum of gradient weights"}},
     }, _validate=False)
@@ -655,53 +603,6 @@ def entropy_bin_bars(bins: pd.DataFrame, n_bins: int, split: float) -> go.Figure
                                        "showarrow": False, "font": {"size": 11}})
     return grid.figure(height=340, barmode="group", bargap=0.15, margin={"l": 50, "r": 10, "t": 40, "b": 40},
                        legend={"orientation": "h", "y": -0.25}, shapes=shapes)
-
-
-def advantage_schemes(schemes: pd.DataFrame, titles: list[tuple[str, str]], labels: dict[int, str],
-                      highlight: int, steps: pd.DataFrame, tokens: pd.DataFrame) -> go.Figure:
-    """One panel per scheme (rows, in `titles` order, schemes without rows skipped) on one token axis, one line per
-    completion of the group; the `highlight`ed completion drawn bold with its reasoning steps marked on every panel
-    (boundaries dashed, steps the verifier scored as wrong shaded red), the others faint.
-
-    schemes: long rows (rollout_id, position, scheme, value) from dashboard.recompute.advantage_schemes; steps: the
-    highlighted completion's logged steps (first_pos, last_pos, reward_raw); tokens: its tokens (token_text) for the
-    hover text."""
-    present = [(key, title) for key, title in titles if (schemes["scheme"] == key).any()]
-    n = max(1, len(present))
-    grid = Subplots(n, 1, [t for _, t in present], vspace=0.3 / n, shared_x=True)
-    hover = [visible_text(str(t)).replace("<br>", "") for t in tokens.sort_values("position")["token_text"]]
-    rollout_ids = sorted(labels)
-    for i, (key, _title) in enumerate(present):
-        rows = schemes[schemes["scheme"] == key]
-        for j, rid in enumerate(rollout_ids):
-            line = rows[rows["rollout_id"] == rid].sort_values("position")
-            bold = rid == highlight
-            grid.add(i, {
-                "type": "scatter", "x": line["position"].to_numpy(), "y": line["value"].to_numpy(dtype=float),
-                "mode": "lines+markers" if bold else "lines", "line": {"shape": "hv", "width": 3 if bold else 1,
-                                                                       "color": PALETTE[j % len(PALETTE)]},
-                "opacity": 1.0 if bold else 0.35, "marker": {"size": 5}, "name": labels[rid],
-                "legendgroup": str(rid), "showlegend": i == 0,
-                **({"customdata": hover[: len(line)],
-                    "hovertemplate": "#%{x} %{customdata}<br>%{y:.4g}<extra>" + labels[rid] + "</extra>"}
-                   if bold else {"hoverinfo": "skip"}),
-            })
-        grid.axis(i, "y").update(zeroline=True)
-    grid.axis(n - 1, "x").update(title={"text": "token position"})
-    shapes = []
-    for step in steps.sort_values("step_index").itertuples(index=False):
-        wrong = float(step.reward_raw) < 0
-        for i in range(n):
-            x, y = grid.ref(i)
-            if wrong:
-                shapes.append({"type": "rect", "xref": x, "yref": f"{y} domain", "x0": step.first_pos - 0.5,
-                               "x1": step.last_pos + 0.5, "y0": 0, "y1": 1, "fillcolor": "#d62728", "opacity": 0.12,
-                               "line": {"width": 0}, "layer": "below"})
-            shapes.append({"type": "line", "xref": x, "yref": f"{y} domain", "x0": step.first_pos - 0.5,
-                           "x1": step.first_pos - 0.5, "y0": 0, "y1": 1, "line": {"color": "#888", "width": 1,
-                                                                                   "dash": "dot"}})
-    return grid.figure(height=max(300, 210 * n), shapes=shapes, margin={"l": 50, "r": 10, "t": 40, "b": 40},
-                       legend={"orientation": "h", "y": 1.0 + 0.12 / n, "yanchor": "bottom"})
 
 
 # ---------------------------------------------------------------- sampler/trainer mismatch (dashboard.mismatch)

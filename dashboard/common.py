@@ -299,13 +299,27 @@ def load(what: str, function, *args, **kwargs):
         st.stop()
 
 
+# The bins of token positions a per-token figure of long completions gets (DuckDB bins them): about a pixel each on
+# a wide page; completions of at most this many tokens get one bin per token.
+SCREEN_BINS = 1000
+
+
+def page_of(container, frame: pd.DataFrame, rows: int, key: str) -> pd.DataFrame:
+    """The rows of `frame` on the page a "Page" number input (drawn only when there is more than one) picks: a long
+    table goes to the browser `rows` at a time."""
+    pages = max(1, -(-len(frame) // rows))
+    page = container.number_input(f"Page (of {pages})", 1, pages, 1, key=key) if pages > 1 else 1
+    return frame.iloc[(page - 1) * rows: page * rows]
+
+
 def train_groups(selection: Selection):
     """(group summary, train rollouts) of the selected step (dashboard.queries), or stop the page saying there are
     none."""
     from dashboard import queries
 
     summary = load("the groups", queries.group_summary, selection.logs_dir, selection.run, selection.step)
-    rollouts = load("the rollouts", queries.step_rollouts, selection.logs_dir, selection.run, selection.step, "train")
+    rollouts = load("the rollouts", queries.step_rollout_previews, selection.logs_dir, selection.run, selection.step,
+                    "train")  # completions as previews: no page of groups draws a whole one
     rollouts = rollouts[rollouts["rollout_id"].notna()]  # without an id a rollout's tokens cannot be found
     summary = summary[summary["group_id"].notna()]  # rollouts logged without a group_id still count for the whole step
     if rollouts.empty:

@@ -197,6 +197,37 @@ def step_rollouts(reader, run: str, step: int, kind: str | None = None) -> pd.Da
     )
 
 
+# How much of a completion the pages that show many at once (Groups, Replay) receive: a reasoning run's completions
+# run to 16k tokens (~60k characters), 16 of them a group; the whole text is one click away in the Token inspector.
+COMPLETION_PREVIEW_CHARS = 1500
+
+
+def step_rollout_previews(reader, run: str, step: int, kind: str | None = None,
+                          chars: int = COMPLETION_PREVIEW_CHARS) -> pd.DataFrame:
+    """`step_rollouts` with each completion cut to its first `chars` characters by DuckDB (the page never receives
+    the rest) and `completion_chars`, the whole completion's length in characters."""
+    return reader.sql(
+        f"""SELECT * REPLACE (left(completion, $chars) AS completion), length(completion) AS completion_chars
+            FROM (SELECT {ROLLOUT_COLUMNS} FROM rollouts
+                  WHERE run = $run AND step = $step AND ($kind IS NULL OR kind = $kind))
+            ORDER BY kind DESC, group_id, index_in_group""",
+        {"run": run, "step": step, "kind": kind, "chars": chars},
+    )
+
+
+def groups_matching(reader, run: str, step: int, text: str) -> list:
+    """The train groups of a step with `text` in the prompt or a completion (case-insensitive), searched in the
+    whole texts by DuckDB (the page holds only their previews)."""
+    frame = reader.sql(
+        """SELECT DISTINCT group_id FROM rollouts
+           WHERE run = $run AND step = $step AND kind = 'train'
+             AND (contains(lower(prompt), lower($text)) OR contains(lower(completion), lower($text)))
+           ORDER BY group_id""",
+        {"run": run, "step": step, "text": text},
+    )
+    return frame["group_id"].tolist()
+
+
 OUTCOME_BY_CORRECTNESS = "correctness"
 OUTCOME_BY_REWARD = "reward"
 """How a group's outcome was decided: by its `reward_correct` column, or, for a run that logged none (every TRL run
@@ -377,6 +408,29 @@ def critic_tokens(reader, run: str, step: int, rollout_ids: tuple[int, ...]) -> 
         f"""SELECT rollout_id, position, token_text, advantage, value, "return", kl_reward, prm_step FROM tokens
            WHERE {of_rollouts()} ORDER BY rollout_id, position""",
         rollouts_of_step(run, step, rollout_ids),
+    )
+
+
+CRITIC_CHANNELS = ("advantage", "value", "kl_reward")
+
+
+def critic_token_bins(reader, run: str, step: int, rollout_ids: tuple[int, ...], bins: int) -> pd.DataFrame:
+    """`critic_tokens` of some rollouts (a group) in bins of consecutive positions, one width for all of them
+    (`width`: ceil((the group's last position + 1) / `bins`), 1 for completions of at most `bins` tokens), so the
+    group's lines share one token axis at screen resolution; DuckDB bins them, the page receives only the bins.
+
+    One row per rollout and non-empty bin: `rollout_id`, `bin`, `width`, `first_pos`, `last_pos`, `tokens`, and for
+    each of `CRITIC_CHANNELS` its mean, `<channel>_low` (min) and `<channel>_high` (max), NULL without values."""
+    stats = ", ".join(f'avg({c}) AS {c}, min({c}) AS {c}_low, max({c}) AS {c}_high' for c in CRITIC_CHANNELS)
+    return reader.sql(
+        f"""
+        WITH rows AS (SELECT rollout_id, position, {", ".join(CRITIC_CHANNELS)} FROM tokens WHERE {of_rollouts()}),
+             width AS (SELECT greatest(1, ceil((max(position) + 1) / $bins))::BIGINT AS w FROM rows)
+        SELECT rollout_id, position // w AS bin, any_value(w) AS width, min(position) AS first_pos,
+               max(position) AS last_pos, count(*) AS tokens, {stats}
+        FROM rows, width GROUP BY rollout_id, bin ORDER BY rollout_id, bin
+        """,
+        rollouts_of_step(run, step, rollout_ids, bins=bins),
     )
 
 

@@ -72,6 +72,17 @@ def step_rollouts(logs_dir: str, run: str, step: int, kind: str | None = None) -
 
 
 @st.cache_data(ttl=STEP_TTL, show_spinner=False)
+def step_rollout_previews(logs_dir: str, run: str, step: int, kind: str | None = None,
+                          chars: int = data.COMPLETION_PREVIEW_CHARS) -> pd.DataFrame:
+    return data.step_rollout_previews(get_reader(logs_dir), run, step, kind, chars)
+
+
+@st.cache_data(ttl=STEP_TTL, show_spinner=False)
+def groups_matching(logs_dir: str, run: str, step: int, text: str) -> list:
+    return data.groups_matching(get_reader(logs_dir), run, step, text)
+
+
+@st.cache_data(ttl=STEP_TTL, show_spinner=False)
 def group_summary(logs_dir: str, run: str, step: int) -> pd.DataFrame:
     return data.group_summary(get_reader(logs_dir), run, step)
 
@@ -121,6 +132,11 @@ def prm_steps(logs_dir: str, run: str, step: int, rollout_ids: tuple[int, ...]) 
 @st.cache_data(ttl=STEP_TTL, show_spinner=False)
 def critic_tokens(logs_dir: str, run: str, step: int, rollout_ids: tuple[int, ...]) -> pd.DataFrame:
     return data.critic_tokens(get_reader(logs_dir), run, step, rollout_ids)
+
+
+@st.cache_data(ttl=STEP_TTL, show_spinner=False)
+def critic_token_bins(logs_dir: str, run: str, step: int, rollout_ids: tuple[int, ...], bins: int) -> pd.DataFrame:
+    return data.critic_token_bins(get_reader(logs_dir), run, step, rollout_ids, bins)
 
 
 @st.cache_data(ttl=STEP_TTL, show_spinner=False)

@@ -27,8 +27,8 @@ if TYPE_CHECKING:
     from engine.logrows import LoggedBatch
 
 __all__ = ["IMPOSSIBLE", "KNOBS", "SCHEMES", "CorrectionEffect", "Weighting", "advantage_schemes", "author_knobs",
-           "batch_from_tokens", "clip_fraction_row", "clip_region", "correction_effects", "correction_table",
-           "process_sandbox", "weigh", "weight_curves", "whitened"]
+           "batch_from_tokens", "binned", "clip_fraction_row", "clip_region", "correction_effects",
+           "correction_table", "process_sandbox", "weigh", "weight_curves", "whitened"]
 
 KNOBS = ("eps_low", "eps_high", "beta")
 
@@ -169,28 +169,47 @@ SCHEMES = (
 )
 
 
-def advantage_schemes(rollouts: pd.DataFrame, tokens: pd.DataFrame, prm_steps: pd.DataFrame,
-                      scale_by_std: bool = True) -> pd.DataFrame:
-    """Every scheme's per-token value for one group, long form: rollout_id, position, scheme (a SCHEMES key), value.
+def binned(values: np.ndarray, width: int) -> dict[str, np.ndarray]:
+    """A completion's per-token `values` (T,) in bins of `width` consecutive positions (the last bin may be
+    shorter), as `dashboard.data.critic_token_bins` bins logged tokens: each bin's first_pos, last_pos, mean (value),
+    low (min) and high (max), all (ceil(T / width),)."""
+    starts = np.arange(0, len(values), width)
+    if not len(starts):
+        return {name: np.zeros(0) for name in ("first_pos", "last_pos", "value", "low", "high")}
+    counts = np.minimum(width, len(values) - starts)
+    return {"first_pos": starts, "last_pos": starts + counts - 1, "value": np.add.reduceat(values, starts) / counts,
+            "low": np.minimum.reduceat(values, starts), "high": np.maximum.reduceat(values, starts)}
 
-    rollouts: the group's rollouts (rollout_id, reward, length or NULL); tokens: their tokens (queries.critic_tokens);
-    prm_steps: their logged reasoning steps (rollout_id, last_pos, reward_raw). The GRPO schemes are recomputed
-    from the logged rewards with `engine.advantages` whatever the run trained with (outcome: `group_advantages`
-    over the group's rewards; process: `process_advantages` over its raw step scores, absent without steps); the
-    PPO schemes are the logged columns of a run with a critic (absent otherwise)."""
+
+# The PPO schemes: the logged column of `dashboard.data.critic_token_bins` each one draws.
+LOGGED_SCHEMES = {"ppo_gae": "advantage", "ppo_value": "value", "ppo_kl_reward": "kl_reward"}
+
+
+def advantage_schemes(rollouts: pd.DataFrame, token_bins: pd.DataFrame, prm_steps: pd.DataFrame,
+                      scale_by_std: bool = True) -> pd.DataFrame:
+    """Every scheme's per-token values for one group, in the bins of `token_bins`, long form: rollout_id, scheme (a
+    SCHEMES key), first_pos, last_pos, value (the bin's mean), low, high (its min and max; all three the token's
+    value in bins of one token).
+
+    rollouts: the group's rollouts (rollout_id, reward, length or NULL); token_bins: their logged tokens binned
+    (queries.critic_token_bins, one width for the group); prm_steps: their logged reasoning steps (rollout_id,
+    last_pos, reward_raw). The GRPO schemes are recomputed per token from the logged rewards with
+    `engine.advantages` whatever the run trained with (outcome: `group_advantages` over the group's rewards;
+    process: `process_advantages` over its raw step scores, absent without steps), then binned the same way; the
+    PPO schemes are the logged columns of a run with a critic (absent otherwise), binned by DuckDB."""
     from engine.advantages import group_advantages, process_advantages
 
     rollouts = rollouts.sort_values("rollout_id")
     ids = [int(r) for r in rollouts["rollout_id"]]
-    logged_tokens = tokens.groupby("rollout_id").size()
+    width = int(token_bins["width"].iloc[0]) if len(token_bins) else 1
+    logged_tokens = token_bins.groupby("rollout_id")["tokens"].sum()
     # A completion's length as logged, else its logged tokens (the public API accepts rollouts without `length`).
     lengths = [int(logged_tokens.get(r, 0)) if pd.isna(n) else int(n) for r, n in zip(ids, rollouts["length"],
                                                                                        strict=True)]
     parts = []
 
     def add(scheme: str, rollout_id: int, values: np.ndarray) -> None:
-        parts.append(pd.DataFrame({"rollout_id": rollout_id, "position": np.arange(len(values)), "scheme": scheme,
-                                   "value": values}))
+        parts.append(pd.DataFrame({"rollout_id": rollout_id, "scheme": scheme, **binned(values, width)}))
 
     outcome = group_advantages(rollouts["reward"].to_numpy(dtype=float).copy(), len(ids), scale_by_std=scale_by_std)
     for rid, n, a in zip(ids, lengths, outcome.tolist(), strict=True):
@@ -202,12 +221,15 @@ def advantage_schemes(rollouts: pd.DataFrame, tokens: pd.DataFrame, prm_steps: p
         process = process_advantages(rewards, ends, lengths).numpy()  # (G, max length)
         for i, (rid, n) in enumerate(zip(ids, lengths, strict=True)):
             add("grpo_process", rid, process[i, :n])
-    if "value" in tokens and tokens["value"].notna().any():
-        for column, scheme in (("advantage", "ppo_gae"), ("value", "ppo_value"), ("kl_reward", "ppo_kl_reward")):
-            parts.append(tokens[["rollout_id", "position"]].assign(
-                scheme=scheme, value=pd.to_numeric(tokens[column], errors="coerce").to_numpy(dtype=float)))
+    if "value" in token_bins and token_bins["value"].notna().any():
+        for scheme, column in LOGGED_SCHEMES.items():
+            parts.append(pd.DataFrame({
+                "rollout_id": token_bins["rollout_id"], "scheme": scheme, "first_pos": token_bins["first_pos"],
+                "last_pos": token_bins["last_pos"],
+                **{name: pd.to_numeric(token_bins[column + suffix], errors="coerce").to_numpy(dtype=float)
+                   for name, suffix in (("value", ""), ("low", "_low"), ("high", "_high"))}}))
     if not parts:
-        return pd.DataFrame(columns=["rollout_id", "position", "scheme", "value"])
+        return pd.DataFrame(columns=["rollout_id", "scheme", "first_pos", "last_pos", "value", "low", "high"])
     return pd.concat(parts, ignore_index=True)
 
 

@@ -12,7 +12,7 @@ import pytest
 from markdown_it import MarkdownIt
 from synthetic_runs import AUTOLINK_OR_SHORTCODE, HOSTILE_TEXTS
 
-from dashboard import charts
+from dashboard import advantage_charts, charts
 from dashboard.common import WORD_JOINER, flag, latest_steps_within, md, number, plain
 from dashboard.tokens import CHANNELS, channel_range, reasoning_steps_html, token_heatmap_html, visible_text
 from engine.cli import build_parser, dashboard_command
@@ -195,16 +195,16 @@ def test_reasoning_steps_of_an_outcome_supervised_run_show_raw_rewards_without_n
     assert "nan" not in body.lower()
     assert body.index("step 0 · raw 1") < body.index("step 1 · raw 0")
     assert body.count("not used by the advantages") == 2
-    figure = charts.group_step_rewards(steps.assign(completion="#0"))
+    figure = advantage_charts.group_step_rewards(steps.assign(completion="#0"))
     assert {trace.xaxis for trace in figure.data} == {"x"}  # the raw panel only: no empty "normalized" panel
     with_norm = reasoning_steps_html(tokens, steps.assign(reward_norm=[-0.7071, 0.7071]))
     assert "step 0 · raw 1 · norm +0.707" in with_norm and "step 1 · raw 0 · norm -0.707" in with_norm
-    both = charts.group_step_rewards(steps.assign(completion="#0", reward_norm=[1.0, 2.0]))
+    both = advantage_charts.group_step_rewards(steps.assign(completion="#0", reward_norm=[1.0, 2.0]))
     assert {trace.xaxis for trace in both.data} == {"x", "x2"}
 
 
 def test_sandbox_labels_typed_by_the_user_reach_plotly_escaped():
-    figure = charts.sandbox_advantages(np.zeros((1, 2)), ['<a href="https://example.com">x</a>'], [2])
+    figure = advantage_charts.sandbox_advantages(np.zeros((1, 2)), ['<a href="https://example.com">x</a>'], [2])
     assert figure.data[0].name == "&lt;a href=&quot;https://example.com&quot;&gt;x&lt;/a&gt;"
 
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 import pandas as pd
 import streamlit as st
 
-from dashboard import charts, common, queries, recompute
+from dashboard import advantage_charts, common, queries, recompute
 
 selection = common.require_selection()
 logs, run, step = selection.logs_dir, selection.run, selection.step
@@ -33,8 +33,9 @@ rollout_ids = tuple(int(r) for r in group["rollout_id"])
 labels = {int(r.rollout_id): f"#{common.plain(r.index_in_group)} reward {common.number(r.reward, '.3g')}"
           for r in group.itertuples(index=False)}
 steps = common.load("the PRM steps", queries.prm_steps, logs, run, step, rollout_ids)
-tokens = common.load("the tokens", queries.critic_tokens, logs, run, step, rollout_ids)
-if tokens.empty:
+# The group's tokens in bins of positions (one token each for completions up to SCREEN_BINS tokens).
+token_bins = common.load("the tokens", queries.critic_token_bins, logs, run, step, rollout_ids, common.SCREEN_BINS)
+if token_bins.empty:
     st.info("No tokens were logged for this group (per-token logging was off).")
     st.stop()
 
@@ -48,15 +49,17 @@ common.set_url_value("rollout", highlight)
 
 scale_by_std = bool(selection.config.get("scale_adv_by_std", True))
 try:
-    schemes = recompute.advantage_schemes(group, tokens, steps, scale_by_std=scale_by_std)
+    schemes = recompute.advantage_schemes(group, token_bins, steps, scale_by_std=scale_by_std)
 except ValueError as error:
     st.error(f"engine.advantages refused this group's logged rewards: {common.md(error)}")
     st.stop()
 
 own_steps = steps[steps["rollout_id"] == highlight]
-own_tokens = tokens[tokens["rollout_id"] == highlight]
-st.plotly_chart(charts.advantage_schemes(schemes, list(recompute.SCHEMES), labels, highlight, own_steps, own_tokens),
-                key="advantage_schemes")
+# The highlighted completion's token texts, for the hover of one-token bins only.
+own_tokens = (common.load("the tokens", queries.critic_tokens, logs, run, step, (highlight,))
+              if int(token_bins["width"].iloc[0]) == 1 else None)
+st.plotly_chart(advantage_charts.advantage_schemes(schemes, list(recompute.SCHEMES), labels, highlight, own_steps,
+                                                   own_tokens), key="advantage_schemes")
 
 has_critic = (schemes["scheme"] == "ppo_gae").any()
 notes = []

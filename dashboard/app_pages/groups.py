@@ -17,7 +17,8 @@ logs, run, step = selection.logs_dir, selection.run, selection.step
 st.header("Groups")
 
 summary = common.load("the groups", queries.group_summary, logs, run, step)
-rollouts = common.load("the rollouts", queries.step_rollouts, logs, run, step, "train")
+# The completions as previews (a reasoning run's run to 60k characters, 16 a group); the search reads the whole texts.
+rollouts = common.load("the rollouts", queries.step_rollout_previews, logs, run, step, "train")
 if summary.empty:
     st.info(f"Step {step} of {common.md(run)} has no train groups.")
     st.stop()
@@ -40,9 +41,7 @@ if outcomes:
 if kept != "all groups":
     shown = shown[shown["filtered"].map(common.flag) == (kept == "filtered")]
 if search:
-    hits = rollouts[rollouts["prompt"].str.contains(search, case=False, regex=False, na=False)
-                    | rollouts["completion"].str.contains(search, case=False, regex=False, na=False)]
-    shown = shown[shown["group_id"].isin(hits["group_id"])]
+    shown = shown[shown["group_id"].isin(common.load("the search", queries.groups_matching, logs, run, step, search))]
 column, ascending = SORTS[sort_by]
 shown = shown.sort_values([column, "group_id"], ascending=[ascending, True])
 
@@ -92,6 +91,8 @@ for group in shown.iloc[(page - 1) * GROUPS_PER_PAGE: page * GROUPS_PER_PAGE].it
                 column.caption(common.md(common.reward_breakdown(r)))
                 # st.code escapes its text and keeps whitespace and newlines as they are.
                 column.code(common.plain(r.completion), language=None, wrap_lines=True)
+                if pd.notna(r.completion_chars) and r.completion_chars > len(r.completion):
+                    column.caption(f"the first {len(r.completion):,} of {r.completion_chars:,} characters")
                 if pd.notna(r.rollout_id):  # without its id a completion's tokens cannot be found
                     column.page_link("app_pages/token_inspector.py", label="tokens", icon=":material/text_fields:",
                                      query_params={"run": run, "step": step, "rollout": int(r.rollout_id)})

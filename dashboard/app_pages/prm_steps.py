@@ -9,7 +9,7 @@ from __future__ import annotations
 import pandas as pd
 import streamlit as st
 
-from dashboard import charts, common, data, queries
+from dashboard import advantage_charts, common, data, queries
 from dashboard.tokens import reasoning_steps_html
 
 # The worked PRM example: two solutions of 2x + 3 = 7 scored step by step, one right, one wrong from step 2 on.
@@ -21,6 +21,8 @@ WORKED_EXAMPLE = pd.DataFrame(
     }
 )
 STEP_COLUMNS = 3
+STEPS_PER_PAGE = 40  # reasoning steps of the text drawn at once
+TABLE_ROWS = 200  # rows of the group's step table sent at once
 
 selection = common.require_selection()
 logs, run, step = selection.logs_dir, selection.run, selection.step
@@ -70,7 +72,6 @@ def logged_view() -> None:
     group = rollouts[(rollouts[key] == value).fillna(False).astype(bool)]
     group_ids = tuple(int(r) for r in group["rollout_id"])
     steps = common.load("the PRM steps", queries.prm_steps, logs, run, step, group_ids)
-    tokens = common.load("the tokens", queries.rollout_tokens, logs, run, step, (rollout_id,), None)
     own = steps[steps["rollout_id"] == rollout_id]
     uses_step_rewards = bool(steps["reward_norm"].notna().any())
     if not steps.empty and not uses_step_rewards:
@@ -82,15 +83,31 @@ def logged_view() -> None:
     if own.empty:
         st.caption("No reasoning steps were logged for this completion.")
     else:
-        st.html(reasoning_steps_html(tokens, own))
+        tokens = reasoning_text(rollout_id, own)
         if uses_step_rewards:  # with outcome supervision the advantage is one flat line: nothing to show per step
-            st.plotly_chart(charts.prm_advantage_line(tokens, own), key="prm_advantage_line")
+            bins = common.load("the token bins", queries.critic_token_bins, logs, run, step, (rollout_id,),
+                               common.SCREEN_BINS)
+            st.plotly_chart(advantage_charts.prm_advantage_line(bins, own, tokens), key="prm_advantage_line")
     st.markdown(f"**All {len(group)} completions of group {common.md(rollout.group_id)}: step rewards**")
     index_of = dict(zip(group["rollout_id"], group["index_in_group"], strict=True))
     labelled = steps.assign(completion=steps["rollout_id"].map(lambda r: f"#{common.plain(index_of[r])}"))
-    st.plotly_chart(charts.group_step_rewards(labelled), key="group_step_rewards")
-    st.dataframe(labelled[["completion", "step_index", "text", "reward_raw", "reward_norm"]], hide_index=True,
+    st.plotly_chart(advantage_charts.group_step_rewards(labelled), key="group_step_rewards")
+    table = labelled[["completion", "step_index", "text", "reward_raw", "reward_norm"]]
+    st.dataframe(common.page_of(st, table, TABLE_ROWS, f"prm_table_page_{rollout_id}"), hide_index=True,
                  key="prm_table")
+
+
+def reasoning_text(rollout_id: int, own: pd.DataFrame) -> pd.DataFrame:
+    """The completion's text step by step, STEPS_PER_PAGE steps at a time (a 16k-token completion has ~300): only
+    the page's tokens are read (from position 0 on the first page, to the end on the last, so tokens outside every
+    step are shown as before). Returns those tokens."""
+    own = own[own["first_pos"].notna() & own["last_pos"].notna()].sort_values("step_index")  # others are not drawn
+    shown = common.page_of(st, own, STEPS_PER_PAGE, f"prm_text_page_{rollout_id}")
+    first = 0 if shown.empty or shown.index[0] == own.index[0] else int(shown["first_pos"].min())
+    last = None if shown.empty or shown.index[-1] == own.index[-1] else int(shown["last_pos"].max())
+    tokens = common.load("the tokens", queries.rollout_tokens, logs, run, step, (rollout_id,), None, (first, last))
+    st.html(reasoning_steps_html(tokens, shown))
+    return tokens
 
 
 def sandbox() -> None:
@@ -131,7 +148,7 @@ def sandbox() -> None:
                       for label, values in zip(labels, normalized, strict=True)]),
         hide_index=True, key="prm_sandbox_normalized",
     )
-    st.plotly_chart(charts.sandbox_advantages(advantages, labels, [sum(n) for n in step_lengths]),
+    st.plotly_chart(advantage_charts.sandbox_advantages(advantages, labels, [sum(n) for n in step_lengths]),
                     key="prm_sandbox_chart")
 
 

@@ -46,7 +46,8 @@ def replay_panel() -> None:
     common.set_url_value("at", step)
 
     st.plotly_chart(charts.metric_curves(metrics, upto_step=step, x_range=x_range), key="replay_curves")
-    train = common.load("the rollouts", queries.step_rollouts, logs, run, step, "train")
+    # Previews of the completions: the distributions need none of their text, the group's table the start of it.
+    train = common.load("the rollouts", queries.step_rollout_previews, logs, run, step, "train")
     st.plotly_chart(charts.step_distributions(train, f" at step {step}"), key="replay_distributions")
 
     # One group of this step, redrawn as the step moves (group ids are per step, so pick by position).
