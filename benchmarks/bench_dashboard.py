@@ -204,8 +204,8 @@ def synthetic_step(step: int, shape: Shape, passes: int, rng) -> dict:
         "mismatch_chi2_token": float(np.exp(2 * log_ratio[trained]).mean() - 1),
         "mismatch_out_of_band": float(((log_ratio[trained] < np.log(0.9)) | (log_ratio[trained] > np.log(1.1))).mean()),
         "mismatch_mean_abs_log_ratio": float(np.abs(log_ratio[trained]).mean()),
-        "mismatch_rejected_token_share": float((rejected[trained] > 0).mean()),
-        "mismatch_is_weight_ess": float(is_weight[trained].mean() ** 2 / (is_weight[trained] ** 2).mean()),
+        "mismatch_rejected_token_share": float((rejected > 0).mean()),
+        "mismatch_is_weight_ess": float(is_weight.mean() ** 2 / (is_weight ** 2).mean()),
     }
     return {"metrics": metrics, "rollouts": rollouts, "tokens": tokens, "token_passes": token_passes,
             "prm_steps": prm_steps}
