@@ -1,0 +1,43 @@
+"""The benchmark's synthetic steps are what the run log accepts and what the pages read: a step of each shape is
+written through RunWriter and read back, every pass row belongs to a trained token, and the step's mismatch
+metrics are those of its own rows (a benchmark that breaks is caught here, not when someone measures)."""
+
+import importlib.util
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+@pytest.fixture(scope="module")
+def bench():
+    spec = importlib.util.spec_from_file_location("bench_dashboard", ROOT / "benchmarks" / "bench_dashboard.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["bench_dashboard"] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.mark.parametrize("long", [False, True])
+def test_a_synthetic_step_is_written_and_read_back(tmp_path, bench, long):
+    from engine.correction_settings import REJECT_NONE
+    from engine.runlog import RunReader, RunWriter
+
+    shape = bench.LONG_SHAPE if long else bench.short_shape(2, 4, 30)
+    tables = bench.synthetic_step(1, shape, 2, np.random.default_rng(0))
+    tokens, passes, metrics = tables["tokens"], tables["token_passes"], tables["metrics"]
+    trained = tokens["rollout_id"] < sum(shape.group_sizes)
+    assert len(passes["rollout_id"]) == 2 * int(trained.sum())  # every trained token, once per pass
+    log_ratio = tokens["old_logp"][trained] - tokens["sampler_logp"][trained]
+    assert metrics["mismatch_mean_abs_log_ratio"] == pytest.approx(np.abs(log_ratio).mean())
+    rejected = passes["rejected"][: int(trained.sum())]
+    assert metrics["mismatch_rejected_token_share"] == pytest.approx((rejected != REJECT_NONE).mean())
+
+    with RunWriter.create(tmp_path, "bench", algorithm="grpo", task="linear") as log:
+        log.log_step(1, **tables)
+    counts = RunReader(tmp_path, "bench").sql(
+        "SELECT (SELECT count(*) FROM tokens) AS tokens, (SELECT count(*) FROM token_passes) AS passes")
+    assert (int(counts.tokens[0]), int(counts.passes[0])) == (len(tokens["rollout_id"]), len(passes["rollout_id"]))
