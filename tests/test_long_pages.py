@@ -13,6 +13,7 @@ import re
 import numpy as np
 import pandas as pd
 import pytest
+from conftest import settle_run_logs
 from test_dashboard import array, dataframe, independent, open_page, plotly_spec
 
 from dashboard import advantage_charts, data, recompute
@@ -73,6 +74,7 @@ def write_run(logs_dir) -> None:
 def logs(tmp_path_factory):
     logs_dir = tmp_path_factory.mktemp("long-pages") / "logs"
     write_run(logs_dir)
+    settle_run_logs()  # the step folders the closing merge replaced are gone before a test lists the files
     return logs_dir
 
 

@@ -13,6 +13,7 @@ import re
 import numpy as np
 import pandas as pd
 import pytest
+from conftest import settle_run_logs
 from test_dashboard import array, dataframe, independent, open_page, plotly_spec
 from test_token_views import grid
 
@@ -61,6 +62,7 @@ def logs(tmp_path_factory):
     logs_dir = tmp_path_factory.mktemp("long") / "logs"
     write_run(logs_dir, "sampled", sampler=True)
     write_run(logs_dir, "plain", sampler=False)
+    settle_run_logs()  # the step folders the closing merges replaced are gone before a test lists the files
     return logs_dir
 
 
