@@ -807,6 +807,7 @@ def page_without_torch(logs_dir, run: str, page: str) -> dict:
             "exceptions": [e.message for e in at.exception], "headers": [h.value for h in at.header],
             "subheaders": [h.value for h in at.subheader], "html": len(at.get("html")),
             "charts": [c.proto.id for c in at.get("plotly_chart")], "errors": [e.value for e in at.error],
+            "pickers": [m.key for m in at.multiselect], "editors": [d.key for d in at.dataframe],
             "torch": "torch" in sys.modules}}))
     """)
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=10 * TIMEOUT)

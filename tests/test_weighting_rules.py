@@ -3,14 +3,9 @@ published formulas, and the page drawing its pickers before torch is imported.""
 
 from __future__ import annotations
 
-import json
-import subprocess
-import sys
-import textwrap
-
 import numpy as np
 import pytest
-from test_dashboard import APP, TIMEOUT, array, open_page, plotly_spec
+from test_dashboard import array, open_page, page_without_torch, plotly_spec
 
 from dashboard import recompute
 
@@ -105,30 +100,7 @@ def trained(tiny_run):
 def test_weighting_page_draws_its_pickers_before_torch(trained):
     """With torch unimportable, the page still draws its header, its algorithm picker and the knobs table (nothing
     before the first objective waits for torch), then says why it has no weights."""
-    logs_dir, run = trained
-    script = textwrap.dedent(f"""
-        import json, os, sys
-
-        class NoTorch:
-            def find_spec(self, name, path=None, target=None):
-                if name == "torch" or name.startswith("torch."):
-                    raise ImportError("torch is not importable in this test")
-
-        sys.meta_path.insert(0, NoTorch())
-        from streamlit.testing.v1 import AppTest
-        os.environ["POLICYLENS_LOGS_DIR"] = {logs_dir!r}
-        at = AppTest.from_file({APP!r}, default_timeout={TIMEOUT})
-        at.query_params["run"] = {run!r}
-        at.run()
-        at.switch_page("app_pages/algorithm_weighting.py").run()
-        print(json.dumps({{
-            "exceptions": [e.message for e in at.exception], "headers": [h.value for h in at.header],
-            "pickers": [m.key for m in at.multiselect], "editors": [d.key for d in at.dataframe],
-            "errors": [e.value for e in at.error], "torch": "torch" in sys.modules}}))
-    """)
-    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=10 * TIMEOUT)
-    assert done.returncode == 0, done.stderr[-3000:]
-    page = json.loads(done.stdout.strip().splitlines()[-1])
+    page = page_without_torch(*trained, "algorithm_weighting")
     assert page["exceptions"] == [] and page["headers"] == ["Algorithm weighting"] and not page["torch"], page
     assert "weigh_algorithms" in page["pickers"] and any(k.startswith("weigh_knobs") for k in page["editors"]), page
     assert len(page["errors"]) == 1 and "torch is not importable" in page["errors"][0], page
