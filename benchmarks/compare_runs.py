@@ -12,8 +12,8 @@ Two groups of runs on the default task and model, same seed, same step count:
 Runs are trained with `policylens train`, one torch thread each, at most `--parallel` at a time, in chunks of
 `--chunk` steps taken round robin (each chunk resumes the run from its checkpoint, which continues it exactly), so
 that every run of a group reaches the same step even if the training is stopped early; running the script again
-continues where it stopped. Runs whose sampler lags are trained in one go: a checkpoint does not keep the lagged
-sampler's weight history, so a resumed run would sample without its lag for its next steps. Each chunk prints its
+continues where it stopped (a checkpoint keeps a lagging sampler's window of stale weights, so a resumed run samples
+as the uninterrupted one would). Each chunk prints its
 CPU seconds per step (the process's own user + system time, startup and evaluations included, which a busy machine
 inflates far less than the wall time) next to the load average.
 
@@ -87,12 +87,6 @@ def chunk_command(logs_dir: Path, run: str, flags: list[str], done: int, upto: i
     return base + (["--resume", run] if done >= 0 else ["--run-name", run, "--seed", "0", *flags])
 
 
-def resumable(flags: list[str]) -> bool:
-    """Whether a run can be trained in chunks: not when its sampler lags, because a checkpoint does not hold the
-    sampler's history of weights, so a resumed run's sampler would restart without its lag."""
-    return "--sampler-lag" not in flags or flags[flags.index("--sampler-lag") + 1] == "0"
-
-
 def train_round_robin(logs_dir: Path, runs: list[tuple[str, str, list[str]]], steps: int, chunk: int,
                       parallel: int, threads: int) -> None:
     """Bring every run to `steps`, `chunk` steps at a time, the least advanced run first, `parallel` at once."""
@@ -106,10 +100,7 @@ def train_round_robin(logs_dir: Path, runs: list[tuple[str, str, list[str]]], st
                          if done[run] < steps and run not in busy)
         while waiting and len(running) < parallel:
             _, _, run = waiting.pop(0)
-            upto = min(steps, (max(done[run], 0) // chunk + 1) * chunk) if resumable(flags[run]) else steps
-            if not resumable(flags[run]) and done[run] >= 0:
-                raise SystemExit(f"{run} stopped at step {done[run]}, and a run whose sampler lags cannot be resumed "
-                                 f"exactly: delete {logs_dir / run} and run this again")
+            upto = min(steps, (max(done[run], 0) // chunk + 1) * chunk)
             cmd = chunk_command(logs_dir, run, flags[run], done[run], upto, threads)
             with open(logs_dir / f"{run}.train.log", "a") as log:  # the child keeps its own handle
                 proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT)
