@@ -8,9 +8,9 @@ The run is bench_dashboard.py's (written once into `--logs-dir`, reused). Measur
 - bytes per `token_passes` row as logged, and what a stored covariance column would add: the covariance of every
   row computed once and written with the run log's own Parquet settings (zstd, BYTE_STREAM_SPLIT, its row groups);
 - query time, median of `--repeat`, over the whole run: the Token statistics page's two queries
-  (`data.covariance_drivers`, `data.covariance_per_step`), next to its existing per-token-text table
-  (`data.token_stats`) for scale; the summed covariance per step, pass and token text
-  as they derive it (pass means, then one aggregation: `data._covariance_sums`), as a window over each pass and a
+  (`token_data.covariance_drivers`, `token_data.covariance_per_step`), next to its existing per-token-text table
+  (`token_data.token_stats`) for scale; the summed covariance per step, pass and token text
+  as they derive it (pass means, then one aggregation: `token_data._covariance_sums`), as a window over each pass and a
   product per row would, and as reading a stored column would (emulated: the same aggregation of one product per
   row, no means; the same columns read). The last is all that storing the column could save.
 The per-token KL contribution needs no column: `token_passes.kl` is logged, its share is a sum over it.
@@ -33,11 +33,11 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 
 def per_row_covariance() -> str:
     """Every loss token x pass row with its covariance, the pass's means taken by a window."""
-    from dashboard import data
+    from dashboard import token_data
 
     return f"""SELECT *, (advantage - avg(advantage) OVER pass_rows) * (new_logp - avg(new_logp) OVER pass_rows)
                       AS covariance
-               FROM ({data._LOSS_TOKEN_PASSES}) WINDOW pass_rows AS (PARTITION BY step, "pass")"""
+               FROM ({token_data._LOSS_TOKEN_PASSES}) WINDOW pass_rows AS (PARTITION BY step, "pass")"""
 
 
 def median_seconds(fn, repeat: int) -> float:
@@ -75,7 +75,7 @@ def main(argv: list[str] | None = None) -> int:
 
     from bench_dashboard import ensure_run
 
-    from dashboard import data
+    from dashboard import data, token_data
 
     run = ensure_run(args.logs_dir, args.steps, 64, 8, 650)
     reader = data.open_reader(args.logs_dir)
@@ -90,13 +90,15 @@ def main(argv: list[str] | None = None) -> int:
 
     params = {"run": run, "first": 0, "last": last}
     by_text = 'GROUP BY step, "pass", token_text'
-    derived = f'SELECT step, "pass", token_text, covariance_sum FROM ({data._covariance_sums("token_text")})'
+    derived = f'SELECT step, "pass", token_text, covariance_sum FROM ({token_data._covariance_sums("token_text")})'
     windowed = f'SELECT step, "pass", token_text, sum(covariance) FROM ({per_row_covariance()}) {by_text}'
-    stored = f'SELECT step, "pass", token_text, sum(advantage * new_logp) FROM ({data._LOSS_TOKEN_PASSES}) {by_text}'
+    loss_passes = token_data._LOSS_TOKEN_PASSES
+    stored = f'SELECT step, "pass", token_text, sum(advantage * new_logp) FROM ({loss_passes}) {by_text}'
     timings = {
-        "token_stats (the page's table per token text, for scale)": lambda: data.token_stats(reader, run, 0, last, 0),
-        "covariance_drivers (page tables)": lambda: data.covariance_drivers(reader, run, 0, last, 0),
-        "covariance_per_step (page chart)": lambda: data.covariance_per_step(reader, run, 0, last),
+        "token_stats (the page's table per token text, for scale)":
+            lambda: token_data.token_stats(reader, run, 0, last, 0),
+        "covariance_drivers (page tables)": lambda: token_data.covariance_drivers(reader, run, 0, last, 0),
+        "covariance_per_step (page chart)": lambda: token_data.covariance_per_step(reader, run, 0, last),
         "covariance per step, pass, text: pass means, one aggregation": lambda: reader.sql(derived, params),
         "the same by a window and a product per row": lambda: reader.sql(windowed, params),
         "the same from a stored column (emulated)": lambda: reader.sql(stored, params),

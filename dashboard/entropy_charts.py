@@ -19,8 +19,8 @@ def driver_label(token_text, position_from) -> str:
 
 
 def drivers_over_steps(per_step: pd.DataFrame, table: pd.DataFrame, value: str, title: str) -> go.Figure:
-    """Steps x the token texts of `table` (`data.driver_table`, best first, top to bottom), coloured by `value`
-    per step ("covariance_sum" or "kl_sum", from `data.covariance_drivers`), on a scale centred at 0."""
+    """Steps x the token texts of `table` (`token_data.driver_table`, best first, top to bottom), coloured by `value`
+    per step ("covariance_sum" or "kl_sum", from `token_data.covariance_drivers`), on a scale centred at 0."""
     labels = [driver_label(t, p) for t, p in zip(table["token_text"], table["position_from"], strict=True)]
     steps = np.sort(per_step["step"].unique())
     z = np.full((len(table), len(steps)), np.nan)
@@ -46,7 +46,7 @@ def drivers_over_steps(per_step: pd.DataFrame, table: pd.DataFrame, value: str, 
 
 
 def entropy_against_covariance(per_step: pd.DataFrame) -> go.Figure:
-    """Left: the logged mean entropy and the summed covariance per step (`data.covariance_per_step`), each on its
+    """Left: the logged mean entropy and the summed covariance per step (`token_data.covariance_per_step`), each on its
     own axis. Right: each step's entropy change to the next step against its summed covariance, with their
     correlation in the title (Cui et al.: negative)."""
     paired = per_step.dropna(subset=["entropy_change", "covariance_sum"])

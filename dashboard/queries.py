@@ -17,7 +17,7 @@ from __future__ import annotations
 import pandas as pd
 import streamlit as st
 
-from dashboard import data
+from dashboard import data, token_data
 from engine.algorithms import defaults as algorithm_defaults
 
 LIVE_TTL = 2  # seconds; the live watcher polls every 3 s
@@ -209,13 +209,14 @@ def ref_class_curves(logs_dir: str, runs: tuple[str, ...], version: tuple) -> pd
 
 @st.cache_data(ttl=RUN_TTL, show_spinner=False)
 def token_stats(logs_dir: str, run: str, first: int, last: int, bucket: int, version: tuple) -> pd.DataFrame:
-    return data.token_stats(get_reader(logs_dir), run, first, last, bucket)
+    return token_data.token_stats(get_reader(logs_dir), run, first, last, bucket)
 
 
 @st.cache_data(ttl=RUN_TTL, show_spinner=False)
 def rollouts_with_token(logs_dir: str, run: str, first: int, last: int, token_text: str, bucket: int,
                         position_from: int | None, limit: int = 500) -> pd.DataFrame:
-    return data.rollouts_with_token(get_reader(logs_dir), run, first, last, token_text, bucket, position_from, limit)
+    return token_data.rollouts_with_token(get_reader(logs_dir), run, first, last, token_text, bucket, position_from,
+                                          limit)
 
 
 ASPO_ENTROPY_QUANTILE = algorithm_defaults("aspo")["entropy_quantile"]
@@ -226,7 +227,7 @@ of the response (engine.algorithms); the high-entropy "forking" tokens of arXiv 
 @st.cache_data(ttl=RUN_TTL, show_spinner=False)
 def entropy_bins(logs_dir: str, runs: tuple[str, ...], first: int, last: int, bins: int, version: tuple
                  ) -> pd.DataFrame:
-    return data.entropy_bins(get_reader(logs_dir), runs, first, last, bins)
+    return token_data.entropy_bins(get_reader(logs_dir), runs, first, last, bins)
 
 
 # ---------------------------------------------------------------- covariance and KL drivers
@@ -237,12 +238,12 @@ DRIVERS_TOP = 20  # token texts (per position bucket) shown by summed covariance
 @st.cache_data(ttl=RUN_TTL, show_spinner=False)
 def covariance_drivers(logs_dir: str, run: str, first: int, last: int, bucket: int, version: tuple
                        ) -> pd.DataFrame:
-    return data.covariance_drivers(get_reader(logs_dir), run, first, last, bucket, DRIVERS_TOP)
+    return token_data.covariance_drivers(get_reader(logs_dir), run, first, last, bucket, DRIVERS_TOP)
 
 
 @st.cache_data(ttl=RUN_TTL, show_spinner=False)
 def covariance_per_step(logs_dir: str, run: str, first: int, last: int, version: tuple) -> pd.DataFrame:
-    return data.covariance_per_step(get_reader(logs_dir), run, first, last)
+    return token_data.covariance_per_step(get_reader(logs_dir), run, first, last)
 
 
 # ---------------------------------------------------------------- sampler/trainer mismatch

@@ -84,10 +84,3 @@ def test_a_chunk_starts_a_new_run_with_its_flags_or_resumes_it_without(tmp_path,
     assert resumed[resumed.index("--resume") + 1] == "mm-none" and resumed[resumed.index("--steps") + 1] == "20"
     assert "--algo" not in resumed and "--run-name" not in resumed  # a resumed run keeps its saved config
 
-
-def test_a_run_whose_sampler_lags_is_never_resumed(tmp_path, compare_runs):
-    assert compare_runs.resumable(["--algo", "grpo", "--sampler-lag", "0"]) and compare_runs.resumable([])
-    _write_run(tmp_path, "mm-lagged", 1, seed=0)  # stopped after step 1
-    lagged = [("mm-lagged", "lagged", ["--algo", "grpo", "--sampler-lag", "2"])]
-    with pytest.raises(SystemExit, match="sampler lags cannot be resumed"):
-        compare_runs.train_round_robin(tmp_path, lagged, steps=5, chunk=2, parallel=1, threads=1)

@@ -178,18 +178,19 @@ def _training_run(logs_dir, name: str, steps: int = 3) -> None:
 def test_token_statistics_of_the_previous_layout_equal_the_current(tmp_path, bucket):
     """The current layout's join-free statistics (text and decile on the passes) against the token join that runs
     of the previous layout still take: the same numbers, for every bin count."""
-    from dashboard import data
+    from dashboard import data, token_data
 
     _training_run(tmp_path, "new")
     _training_run(tmp_path, "old")
     _to_previous_layout(tmp_path, "old")
     with RunReader(tmp_path) as reader:
         assert data.passes_carry_tokens(reader, "new", 2) and not data.passes_carry_tokens(reader, "old", 2)
-        new, old = (data.token_stats(reader, run, 0, 2, bucket) for run in ("new", "old"))
+        new, old = (token_data.token_stats(reader, run, 0, 2, bucket) for run in ("new", "old"))
         assert len(new) == 4 * (1 if not bucket else 3) and new["count"].sum() == 3 * 30
         pd_testing_equal(new, old)
         for bins in (10, 5, 4):
-            new, old = (data.entropy_bins(reader, (run,), 0, 2, bins).drop(columns="run") for run in ("new", "old"))
+            new, old = (token_data.entropy_bins(reader, (run,), 0, 2, bins).drop(columns="run")
+                        for run in ("new", "old"))
             assert new.pass_rows.sum() == 3 * 60
             pd_testing_equal(new, old)
 

@@ -9,7 +9,7 @@ import pytest
 from synthetic_runs import write_covariance_run, write_synthetic_run
 from test_dashboard import array, open_page, plotly_spec
 
-from dashboard import data
+from dashboard import data, token_data
 
 
 @pytest.fixture(scope="module")
@@ -44,7 +44,7 @@ def numpy_covariance(reader, run: str) -> pd.DataFrame:
 def test_covariance_and_kl_sums_equal_numpy_on_a_synthetic_run(logs):
     reader = data.open_reader(str(logs))
     expected = numpy_covariance(reader, "synthetic")
-    per_step = data.covariance_drivers(reader, "synthetic", 0, 2, 0, top=1000)  # every token text
+    per_step = token_data.covariance_drivers(reader, "synthetic", 0, 2, 0, top=1000)  # every token text
     want = expected.groupby(["step", "token_text"]).agg(
         rows=("covariance", "size"), covariance_sum=("covariance", "sum"), kl_sum=("kl", "sum"),
         entropy_sum=("entropy", "sum")).reset_index()
@@ -56,7 +56,7 @@ def test_covariance_and_kl_sums_equal_numpy_on_a_synthetic_run(logs):
         np.testing.assert_allclose(got[column], want[column], rtol=1e-9, atol=1e-12)
     assert got["kl_total"].iloc[0] == pytest.approx(expected["kl"].sum())
 
-    steps = data.covariance_per_step(reader, "synthetic", 0, 2)
+    steps = token_data.covariance_per_step(reader, "synthetic", 0, 2)
     passes_per_token = expected.groupby("step").apply(lambda rows: len(rows) / len(rows.groupby(["rollout_id",
                                                                                                  "position"])))
     by_step = expected.groupby("step")["covariance"]
@@ -69,13 +69,13 @@ def test_top_texts_of_a_range(logs):
     reader = data.open_reader(str(logs))
     expected = numpy_covariance(reader, "synthetic")
     in_range = expected[expected["step"].between(1, 2)]
-    per_step = data.covariance_drivers(reader, "synthetic", 1, 2, 0, top=3)
+    per_step = token_data.covariance_drivers(reader, "synthetic", 1, 2, 0, top=3)
     by_cov = in_range.groupby("token_text")["covariance"].sum().nlargest(3).index
     by_kl = in_range.groupby("token_text")["kl"].sum().nlargest(3).index
     assert set(per_step.loc[per_step["top_covariance"], "token_text"]) == set(by_cov)
     assert set(per_step.loc[per_step["top_kl"], "token_text"]) == set(by_kl)
     assert set(per_step["token_text"]) == set(by_cov) | set(by_kl)
-    assert data.driver_table(per_step, "covariance")["token_text"].tolist() == list(by_cov)
+    assert token_data.driver_table(per_step, "covariance")["token_text"].tolist() == list(by_cov)
 
 
 # Worked by hand from tests/synthetic_runs.py write_covariance_run (means over each pass's loss tokens):
@@ -93,8 +93,8 @@ HAND_STEPS = {"covariance_sum": [2.4, (0.4 + 0.7) / 2], "covariance_mean": [0.6,
 
 def test_hand_worked_covariance_kl_and_steps(logs):
     reader = data.open_reader(str(logs))
-    per_step = data.covariance_drivers(reader, "hand-cov", 0, 1, 0)
-    table = data.driver_table(per_step, "covariance").set_index("token_text")
+    per_step = token_data.covariance_drivers(reader, "hand-cov", 0, 1, 0)
+    table = token_data.driver_table(per_step, "covariance").set_index("token_text")
     assert list(table.index) == ["a", "d", "c", "b"]  # the rejected e, the eval z: not loss tokens
     for text, value in HAND_COVARIANCE.items():
         assert table.loc[text, "covariance_sum"] == pytest.approx(value)
@@ -105,8 +105,8 @@ def test_hand_worked_covariance_kl_and_steps(logs):
     assert table["cov_rate"].to_dict() == {"a": 0.0, "d": 0.0, "c": 0.0, "b": 1 / 3}  # b: 1 of its 3 rows selected
     # a: step 0 rows at entropy .2 and .6, step 1 at .1 (two passes)
     assert (table.loc["a", "entropy_first"], table.loc["a", "entropy_last"]) == pytest.approx((0.4, 0.1))
-    assert data.driver_table(per_step, "kl")["token_text"].tolist() == ["c", "a", "b"]  # d carries no KL
-    steps = data.covariance_per_step(reader, "hand-cov", 0, 1)
+    assert token_data.driver_table(per_step, "kl")["token_text"].tolist() == ["c", "a", "b"]  # d carries no KL
+    steps = token_data.covariance_per_step(reader, "hand-cov", 0, 1)
     for column, values in HAND_STEPS.items():
         np.testing.assert_allclose(steps[column], values, equal_nan=True)
 
@@ -140,8 +140,8 @@ def test_a_critic_runs_covariance_is_that_of_its_whitened_advantages(logs):
     """A critic run logs GAE advantages before whitening; its loss saw (A - mean) / std, whose covariance with
     log pi is the logged one over std."""
     reader = data.open_reader(str(logs))
-    table = data.driver_table(data.covariance_drivers(reader, "hand-critic", 0, 1, 0), "covariance")
+    table = token_data.driver_table(token_data.covariance_drivers(reader, "hand-critic", 0, 1, 0), "covariance")
     for text, value in HAND_COVARIANCE.items():
         assert table.set_index("token_text").loc[text, "covariance_sum"] == pytest.approx(value / 2)
-    steps = data.covariance_per_step(reader, "hand-critic", 0, 1)
+    steps = token_data.covariance_per_step(reader, "hand-critic", 0, 1)
     np.testing.assert_allclose(steps["covariance_sum"], np.array(HAND_STEPS["covariance_sum"]) / 2)

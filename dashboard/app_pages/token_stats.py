@@ -8,7 +8,7 @@ from urllib.parse import urlencode
 
 import streamlit as st
 
-from dashboard import charts, common, data, entropy_charts, queries
+from dashboard import charts, common, data, entropy_charts, queries, token_data
 from engine.algorithms import defaults as algorithm_defaults
 
 ASPO = algorithm_defaults("aspo")  # the numbers of the entropy split's caption
@@ -106,8 +106,9 @@ if compared:
 
 # ---- covariance and KL drivers
 def driver_section(ranking: str, per_step, title: str, value: str, value_title: str, note: str) -> None:
-    """One ranking of `data.covariance_drivers` ("covariance" or "kl"): its token texts over steps and its table."""
-    table = data.driver_table(per_step, ranking)
+    """One ranking of `token_data.covariance_drivers` ("covariance" or "kl"): its token texts over steps and its
+    table."""
+    table = token_data.driver_table(per_step, ranking)
     st.markdown(f"**{title}**")
     if table.empty:
         st.caption(note)

@@ -1,0 +1,303 @@
+"""The Token statistics page's data: per token text and position bucket over a step range, entropy bins, and the
+covariance and KL drivers (Cui et al. 2025, arXiv 2505.22617). Streamlit-free like `dashboard.data`, whose shared
+fragments it uses; `_TRAIN_TOKENS` / `_PASSES` select the train tokens and the optimisation passes of some runs in a
+step range.
+"""
+
+from __future__ import annotations
+
+import pandas as pd
+
+from dashboard.data import PASSES
+from engine.clip_codes import CLIP_COV, CLIP_EVENTS, CLIP_NONE, rate_column
+from engine.runlog.derived import kl_sql, new_logp_sql
+
+# ---------------------------------------------------------------- token statistics over a step range
+
+_TOKEN_KEY = "(step::HUGEINT * 18446744073709551616 + rollout_id::HUGEINT * 4294967296 + position)"
+"""(step, rollout_id, position) as one number (rollout ids and positions are below 2^32): joining and grouping a
+million tokens on one key takes half the time of three."""
+
+_TRAIN_TOKENS = f"""
+    SELECT t.run, t.step, t.rollout_id, t.position, {_TOKEN_KEY} AS token_key, t.token_text, t.advantage, t.entropy
+    FROM tokens t SEMI JOIN (
+        SELECT run, step, rollout_id FROM rollouts
+        WHERE list_contains($runs, run) AND step BETWEEN $first AND $last AND kind = 'train'
+    ) r ON r.run = t.run AND r.step = t.step AND r.rollout_id = t.rollout_id
+    WHERE list_contains($runs, t.run) AND t.step BETWEEN $first AND $last"""
+"""The train tokens of some runs in a step range (eval completions are logged in `tokens` too, but never trained on)."""
+
+_PASSES = f"""
+    SELECT run, {_TOKEN_KEY} AS token_key, clip, grad_weight, ratio FROM {PASSES}
+    WHERE list_contains($runs, run) AND step BETWEEN $first AND $last"""
+"""The optimisation passes of some runs in a step range, keyed like `_TRAIN_TOKENS`. Joined to the tokens row by
+row and aggregated straight into the few output groups: a third cheaper than summing each token's passes first."""
+
+
+def token_stats(reader, run: str, first: int, last: int, bucket: int) -> pd.DataFrame:
+    """Per token text (and per position bucket of `bucket` positions when bucket > 0) over steps first..last:
+    count of train tokens, mean advantage and entropy, clip rates (low, high, dual: fractions of the token's
+    optimisation passes), mean |gradient weight| and mean |ratio - 1| per pass.
+
+    The passes carry their token's text (engine.runlog.derived), so they are summed without joining the tokens
+    (a whole 100M-token run took 44 s with the join); pass rows without it (runs logged before it) are joined."""
+    params = {"runs": [run], "first": first, "last": last, "bucket": bucket}
+    position_from = "CASE WHEN $bucket > 0 THEN position // $bucket * $bucket END"
+    keys = ["token_text", "position_from"]
+    per_token = reader.sql(f"""
+        SELECT token_text, {position_from} AS position_from, count(*) AS count, avg(advantage) AS advantage_mean,
+               avg(entropy) AS entropy_mean
+        FROM ({_TRAIN_TOKENS}) GROUP BY ALL""", params)
+    per_pass = _summed(reader, params, keys, f"""
+        SELECT token_text, {position_from} AS position_from, clip, grad_weight, ratio FROM {PASSES}
+        WHERE list_contains($runs, run) AND step BETWEEN $first AND $last""", f"""
+        SELECT t.token_text, t.position_from, p.clip, p.grad_weight, p.ratio
+        FROM (SELECT *, {position_from} AS position_from FROM ({_TRAIN_TOKENS})) t
+        JOIN ({_PASSES} AND token_text IS NULL) p USING (run, token_key)""")
+    out = per_token.merge(_with_rates(per_pass), on=keys, how="left")
+    out["abs_grad_weight_mean"] = out.pop("abs_weight") / out["pass_rows"]
+    out["ratio_deviation_mean"] = out.pop("ratio_dev") / out.pop("pass_rows")
+    out["entropy_mean"] = out.pop("entropy_mean")
+    out = out.drop(columns="clip_rate").sort_values(["count", *keys], ascending=[False, True, True])
+    return out.reset_index(drop=True)
+
+
+def _summed(reader, params: dict, keys: list[str], stored: str, joined: str) -> pd.DataFrame:
+    """`_pass_totals` per `keys` of the pass rows `stored` (SQL of rows with the keys, clip, grad_weight, ratio),
+    where the first key is NULL on rows logged without it, which `joined` (the same rows with the key from the
+    tokens, for those rows only) replaces: run only when there are such rows."""
+    totals = reader.sql(_pass_totals(stored, keys), params)
+    if totals[keys[0]].isna().any():
+        totals = pd.concat([totals.dropna(subset=[keys[0]]), reader.sql(_pass_totals(joined, keys), params)])
+        totals = totals.groupby(keys, as_index=False, dropna=False).sum()
+    return totals
+
+
+def rollouts_with_token(reader, run: str, first: int, last: int, token_text: str, bucket: int,
+                        position_from: int | None, limit: int = 500) -> pd.DataFrame:
+    """The train rollouts of steps first..last that hold a token text (within a position bucket, when given),
+    with how often and where."""
+    return reader.sql(
+        f"""
+        WITH tok AS ({_TRAIN_TOKENS})
+        SELECT r.step, r.rollout_id, r.group_id, count(*) AS occurrences, list(t.position ORDER BY t.position)
+               AS positions, r.completion, r.reward, r.advantage, r.length
+        FROM tok t JOIN rollouts r ON r.run = t.run AND r.step = t.step AND r.rollout_id = t.rollout_id
+        WHERE t.token_text = $token AND ($bucket <= 0 OR t.position // $bucket * $bucket = $position_from)
+        GROUP BY ALL ORDER BY r.step, r.rollout_id LIMIT $limit
+        """,
+        {"runs": [run], "first": first, "last": last, "token": token_text, "bucket": bucket,
+         "position_from": position_from, "limit": limit},
+    )
+
+
+def entropy_bins(reader, runs: tuple[str, ...], first: int, last: int, bins: int) -> pd.DataFrame:
+    """Train tokens binned by the quantile of their entropy within their own response, per run: clip rates
+    (fractions of the token x pass rows) and each bin's share of the run's total |gradient weight|, steps first..last.
+
+    A response's cut points are the linearly interpolated quantiles of its token entropies at 1/bins, 2/bins, ...
+    (as torch.nanquantile computes them); a token's bin is the number of cut points strictly below its entropy. With
+    10 bins, bins 8 and 9 are exactly the tokens ASPO treats as high-entropy (entropy > the 80th percentile).
+
+    With 2, 5 or 10 bins the writer's `entropy_decile` of each pass row gives the bin (decile // (10 / bins)): one
+    scan of the passes, no tokens read (a whole 100M-token run fits). Pass rows without it (runs logged before it)
+    and other bin counts compute the quantiles from the tokens.
+    """
+    if not (isinstance(bins, int) and 2 <= bins <= 100):
+        raise ValueError(f"bins = {bins!r}; accepted: an integer from 2 to 100")
+    params = {"runs": list(runs), "first": first, "last": last}
+    from_quantiles = _quantile_bins(bins)
+    if ENTROPY_DECILES % bins == 0:
+        totals = _summed(reader, params, ["bin", "run"], f"""
+            SELECT run, entropy_decile // {ENTROPY_DECILES // bins} AS bin, clip, grad_weight, NULL::DOUBLE AS ratio
+            FROM {PASSES} WHERE list_contains($runs, run) AND step BETWEEN $first AND $last""",
+                         from_quantiles.replace("{missing}", " AND entropy_decile IS NULL"))
+    else:
+        totals = reader.sql(_pass_totals(from_quantiles.replace("{missing}", ""), ["bin", "run"]), params)
+    algorithms = reader.sql("SELECT run, algorithm FROM runs WHERE list_contains($runs, run)", {"runs": list(runs)})
+    out = algorithms.merge(_with_rates(totals.drop(columns="ratio_dev")), on="run")
+    out = out.sort_values(["run", "bin"], ignore_index=True).astype({"bin": int})
+    out.insert(3, "quantile_mid", (out["bin"] + 0.5) / bins)
+    out["abs_weight"] = out.pop("abs_weight")
+    run_total = out.groupby("run")["abs_weight"].transform("sum")
+    out["weight_share"] = out["abs_weight"] / run_total.where(run_total != 0)
+    return out[["algorithm", "run", "bin", "quantile_mid", "pass_rows", "clip_rate",
+                *(rate_column(code) for code in CLIP_EVENTS), "abs_weight", "weight_share"]]
+
+
+ENTROPY_DECILES = 10
+"""The resolution of the token passes' stored `entropy_decile` (engine.runlog.derived)."""
+
+
+def _pass_totals(rows: str, keys: list[str]) -> str:
+    """Per `keys` of `rows` (SQL of rows with the keys, clip, grad_weight, ratio): pass rows, rows with a clip
+    code (clip_rows), the clipped ones and one count per clip code, the sums of |gradient weight| and |ratio - 1|:
+    totals that add up across parts (`_with_rates` turns them into shares)."""
+    counts = ", ".join(f'count(*) FILTER (WHERE clip = {int(code)}) AS "{rate_column(code)}"' for code in CLIP_EVENTS)
+    return f"""
+        SELECT {", ".join(keys)}, count(*) AS pass_rows, count(clip) AS clip_rows,
+               count(*) FILTER (WHERE clip <> {CLIP_NONE}) AS clipped, {counts}, sum(abs(grad_weight)) AS abs_weight,
+               sum(abs(ratio - 1)) AS ratio_dev
+        FROM ({rows}) GROUP BY ALL"""
+
+
+def _with_rates(totals: pd.DataFrame) -> pd.DataFrame:
+    """`_pass_totals` with the clip counts as shares of the rows with a clip code (clip_rate: any clip)."""
+    judged = totals.pop("clip_rows").where(lambda n: n > 0)
+    out = totals.assign(clip_rate=totals.pop("clipped") / judged)
+    for code in CLIP_EVENTS:
+        out[rate_column(code)] = out.pop(rate_column(code)) / judged
+    return out
+
+
+def _quantile_bins(bins: int) -> str:
+    """(run, bin, clip, grad_weight, ratio) of the pass rows of train tokens, the bin computed from the quantiles
+    of each response's token entropies; `{missing}` stands for a further condition on the passes."""
+    cuts = ", ".join(f"{k / bins!r}" for k in range(1, bins))
+    # Written out (from the integer `bins` only): one comparison per cut point is cheaper than a list lambda.
+    bin_of = " + ".join(f"(t.entropy > c.cuts[{k}])::INT" for k in range(1, bins))
+    return f"""
+        WITH tok AS ({_TRAIN_TOKENS}),
+        cut_points AS (
+            SELECT run, step, rollout_id, quantile_cont(entropy, [{cuts}]) AS cuts
+            FROM tok GROUP BY run, step, rollout_id
+        ), binned AS (
+            SELECT t.run, t.token_key, {bin_of} AS bin
+            FROM tok t JOIN cut_points c USING (run, step, rollout_id) WHERE t.entropy IS NOT NULL
+        )
+        SELECT b.run, b.bin, p.clip, p.grad_weight, p.ratio
+        FROM binned b JOIN ({_PASSES}{{missing}}) p USING (run, token_key)"""
+
+
+# ---------------------------------------------------------------- covariance and KL drivers (arXiv 2505.22617)
+
+_LOSS_TOKEN_PASSES = f"""
+    SELECT t.step, p."pass", t.rollout_id, t.position, t.token_text, t.entropy, t.advantage,
+           {new_logp_sql("p", "t")} AS new_logp, nullif({kl_sql("p", "t")}, 'NaN'::DOUBLE) AS kl, p.clip
+    FROM (
+        SELECT t.*, {_TOKEN_KEY} AS token_key FROM tokens t SEMI JOIN (
+            SELECT run, step, rollout_id FROM rollouts
+            WHERE run = $run AND step BETWEEN $first AND $last AND kind = 'train' AND NOT coalesce(filtered, false)
+        ) r ON r.run = t.run AND r.step = t.step AND r.rollout_id = t.rollout_id
+        WHERE t.run = $run AND t.step BETWEEN $first AND $last
+    ) t JOIN (
+        SELECT run, "pass", {_TOKEN_KEY} AS token_key, new_logp, ratio, kl, clip FROM {PASSES}
+        WHERE run = $run AND step BETWEEN $first AND $last AND coalesce(rejected, 0) = 0
+    ) p USING (run, token_key)"""
+"""The loss tokens of a run's optimisation passes in steps first..last: train rollouts not filtered out (DAPO's
+dropped groups, overlong-filtered completions), tokens no mismatch correction rejected. A logged NaN KL (a run
+without a reference model) reads as NULL."""
+
+
+def _covariance_sums(group: str) -> str:
+    """Per step, pass and `group` (more GROUP BY expressions over `_LOSS_TOKEN_PASSES`, named): rows n, the summed
+    covariance (A - mean A)(log pi - mean log pi) of Cui et al., the means over the pass's loss tokens and log pi
+    the pass's new log-prob (the quantity Clip-Cov and KL-Cov select by: `engine.objectives.token_covariance`, verl
+    0.9.1 `compute_policy_loss_clip_cov`), the summed KL (kl_sum over kl_rows rows with one) and entropy, and the
+    rows Clip-Cov or KL-Cov selected (cov_rows: clip code 4, `engine.clip_codes.CLIP_COV`).
+
+    A group's summed covariance is sum(A log pi) - mean(log pi) sum(A) - mean(A) sum(log pi) + n mean(A) mean(log pi)
+    with the pass's means: one aggregation over the rows, where a window for the means and a product per row took
+    1.7-1.8 times as long (benchmarks/bench_token_drivers.py). A critic run's loss saw its advantages whitened with the
+    step's (mean, std) (`as_loss_used`): its covariance is divided by that std. A pass spread over several
+    processes is one batch here, where each process's loss took its own means."""
+    return f"""
+        WITH sums AS (
+            SELECT step, "pass", {group}, count(*) AS n, sum(advantage) AS sum_a, sum(new_logp) AS sum_logp,
+                   sum(advantage * new_logp) AS sum_a_logp, sum(kl) AS kl_sum, count(kl) AS kl_rows,
+                   sum(entropy) AS entropy_sum, count(*) FILTER (WHERE clip = {CLIP_COV}) AS cov_rows
+            FROM ({_LOSS_TOKEN_PASSES}) GROUP BY ALL
+        ), means AS (
+            SELECT step, "pass", sum(sum_a) / sum(n) AS mean_a, sum(sum_logp) / sum(n) AS mean_logp
+            FROM sums GROUP BY step, "pass"
+        )
+        SELECT s.*, (s.sum_a_logp - m.mean_logp * s.sum_a - m.mean_a * s.sum_logp + s.n * m.mean_a * m.mean_logp)
+                    / coalesce(w.advantage_std, 1.0) AS covariance_sum
+        FROM sums s JOIN means m USING (step, "pass") LEFT JOIN steps w ON w.run = $run AND w.step = s.step"""
+
+
+def covariance_drivers(reader, run: str, first: int, last: int, bucket: int, top: int = 20) -> pd.DataFrame:
+    """Per step, the token texts (per position bucket of `bucket` positions when bucket > 0) that are among the
+    `top` of steps first..last by summed covariance or by summed KL to the reference (token x pass rows).
+
+    Columns: step, token_text, position_from, rows, covariance_sum, kl_sum, kl_rows (rows with a KL logged),
+    entropy_sum (entropy at sampling, summed over rows), cov_rows (rows Clip-Cov / KL-Cov selected),
+    top_covariance / top_kl (which ranking picked the text), and the range's totals kl_total / kl_rows_total, for
+    shares (`driver_table`)."""
+    return reader.sql(
+        f"""
+        WITH per_step AS (
+            SELECT step, token_text, position_from, sum(n)::BIGINT AS rows, sum(covariance_sum) AS covariance_sum,
+                   sum(kl_sum) AS kl_sum, sum(kl_rows)::BIGINT AS kl_rows, sum(entropy_sum) AS entropy_sum,
+                   sum(cov_rows)::BIGINT AS cov_rows
+            FROM ({_covariance_sums("token_text, CASE WHEN $bucket > 0 THEN position // $bucket * $bucket END "
+                                    "AS position_from")})
+            GROUP BY ALL
+        ), ranked AS (
+            SELECT token_text, position_from,
+                   rank() OVER (ORDER BY sum(covariance_sum) DESC NULLS LAST) <= $top AS top_covariance,
+                   coalesce(rank() OVER (ORDER BY sum(kl_sum) DESC NULLS LAST) <= $top AND sum(kl_sum) > 0, false)
+                   AS top_kl,
+                   sum(sum(kl_sum)) OVER () AS kl_total, sum(sum(kl_rows)) OVER () AS kl_rows_total
+            FROM per_step GROUP BY token_text, position_from
+        )
+        SELECT s.*, r.top_covariance, r.top_kl, r.kl_total, r.kl_rows_total
+        FROM per_step s JOIN ranked r
+             ON r.token_text = s.token_text AND r.position_from IS NOT DISTINCT FROM s.position_from
+        WHERE r.top_covariance OR r.top_kl
+        ORDER BY s.token_text, s.position_from, s.step
+        """,
+        {"run": run, "first": first, "last": last, "bucket": bucket, "top": top},
+    )
+
+
+def driver_table(per_step: pd.DataFrame, ranking: str) -> pd.DataFrame:
+    """The rows of `covariance_drivers` picked by `ranking` ("covariance" or "kl") summed over their steps, one row
+    per token text (and position bucket), best first: rows, covariance_sum / _mean, kl_share (of the range's summed
+    KL), kl_vs_mean (its mean KL over the mean KL of every loss token), cov_rate (the share of its rows Clip-Cov or
+    KL-Cov selected), entropy_mean and, for the entropy over training, the text's mean entropy in the first and
+    last step it was seen (entropy_first, entropy_last)."""
+    columns = ["token_text", "position_from", "rows", "covariance_sum", "covariance_mean", "kl_share", "kl_vs_mean",
+               "cov_rate", "entropy_mean", "entropy_first", "entropy_last", "first_step", "last_step"]
+    picked = per_step[per_step["top_covariance" if ranking == "covariance" else "top_kl"]]
+    if picked.empty:
+        return pd.DataFrame(columns=columns)
+    by_step = picked.assign(entropy_of_step=picked["entropy_sum"] / picked["rows"]).sort_values(
+        "step", kind="stable").groupby(["token_text", "position_from"], dropna=False, sort=False)
+    sums = by_step[["rows", "covariance_sum", "kl_sum", "kl_rows", "entropy_sum", "cov_rows"]].sum(min_count=1).astype(
+        {"rows": "int64"})
+    ends = by_step.agg(first_step=("step", "first"), last_step=("step", "last"),
+                       entropy_first=("entropy_of_step", "first"), entropy_last=("entropy_of_step", "last"))
+    kl_total, kl_rows_total = picked["kl_total"].iloc[0], picked["kl_rows_total"].iloc[0]
+    out = sums.join(ends).reset_index()
+    out["covariance_mean"] = out["covariance_sum"] / out["rows"]
+    out["kl_share"] = out["kl_sum"] / kl_total if kl_total else float("nan")
+    out["kl_vs_mean"] = (out["kl_sum"] / out["kl_rows"]) / (kl_total / kl_rows_total) if kl_total else float("nan")
+    out["entropy_mean"] = out["entropy_sum"] / out["rows"]
+    out["cov_rate"] = out["cov_rows"] / out["rows"]
+    order = "covariance_sum" if ranking == "covariance" else "kl_sum"
+    return out.sort_values(order, ascending=False, kind="stable")[columns].reset_index(drop=True)
+
+
+def covariance_per_step(reader, run: str, first: int, last: int) -> pd.DataFrame:
+    """Per step: the summed covariance of its loss tokens (over every token x pass row, divided by the passes per
+    token, so a step trained in several epochs counts each token once), the mean covariance (Cui et al.'s
+    Cov(log pi, A) of a batch, averaged over the passes), the logged mean entropy at sampling (`steps.entropy`) and
+    its change to the next step: Cui et al. find the entropy change tracks -covariance."""
+    return reader.sql(
+        f"""
+        WITH per_rollout AS (
+            SELECT step, rollout_id, sum(covariance_sum) AS covariance_sum, sum(n) AS rows,
+                   sum(n) / count(*) AS tokens  -- its loss tokens: its rows over the passes that used it
+            FROM ({_covariance_sums("rollout_id")}) GROUP BY step, rollout_id
+        ), per_step AS (
+            SELECT step, sum(covariance_sum) * sum(tokens) / sum(rows) AS covariance_sum,
+                   sum(covariance_sum) / sum(rows) AS covariance_mean, sum(rows)::BIGINT AS rows
+            FROM per_rollout GROUP BY step
+        )
+        SELECT c.step, c.covariance_sum, c.covariance_mean, c.rows, s.entropy,
+               lead(s.entropy) OVER (ORDER BY c.step) - s.entropy AS entropy_change
+        FROM per_step c LEFT JOIN steps s ON s.run = $run AND s.step = c.step ORDER BY c.step
+        """,
+        {"run": run, "first": first, "last": last},
+    )
