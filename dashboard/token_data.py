@@ -6,11 +6,16 @@ step range.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import pandas as pd
 
 from dashboard.data import PASSES
 from engine.clip_codes import CLIP_COV, CLIP_EVENTS, CLIP_NONE, rate_column
 from engine.runlog.derived import kl_sql, new_logp_sql
+from engine.runlog.summary import SUMMARY_BUCKET
+
+SUMMARY = "token_summary"  # the run log's per-step sums of token statistics (engine.runlog.summary)
 
 # ---------------------------------------------------------------- token statistics over a step range
 
@@ -34,32 +39,114 @@ _PASSES = f"""
 row and aggregated straight into the few output groups: a third cheaper than summing each token's passes first."""
 
 
+@dataclass(frozen=True)
+class _Split:
+    """Which steps of a range a statistic reads from the token summary (engine.runlog.summary) and which from the
+    tokens and passes: SQL conditions on `step` (integers only), and the summary rows' bucket to read."""
+
+    exact: str  # the steps read row by row: those no summary file covers (logged before it, or its file damaged)
+    summary: str  # the others
+    bucket: int  # 0 (no position split) or SUMMARY_BUCKET (rows every position bucket that is a multiple of it sums)
+
+    @property
+    def any_exact(self) -> bool:
+        return self.exact != "false"
+
+    @property
+    def any_summary(self) -> bool:
+        return self.summary != "false"
+
+
+def _split(reader, run: str, first: int, last: int, bucket: int = 0) -> _Split:
+    """The steps first..last of `run` a summary serves (`_Split`): all but those in a folder without a readable
+    summary file, and none for a position bucket that is not a multiple of `SUMMARY_BUCKET`."""
+    if bucket % SUMMARY_BUCKET:
+        return _Split("true", "false", 0)
+    gaps = [(max(a, first), min(b, last)) for a, b in reader.steps_without(SUMMARY, run, ("tokens", "token_passes"))
+            if a <= last and b >= first]
+    if not gaps:
+        return _Split("false", "true", min(bucket, SUMMARY_BUCKET))
+    if gaps == [(first, last)]:
+        return _Split("true", "false", 0)
+    exact = "(" + " OR ".join(f"step BETWEEN {int(a)} AND {int(b)}" for a, b in gaps) + ")"
+    return _Split(exact, f"NOT {exact}", min(bucket, SUMMARY_BUCKET))
+
+
+def _consistent(reader, runs, first: int, last: int, bucket: int, compute):
+    """`compute(splits)` with one `_Split` per run, again if the splits changed meanwhile (a damaged summary file
+    found and left out by the query: its steps are then read row by row)."""
+    for _ in range(3):
+        splits = {run: _split(reader, run, first, last, bucket) for run in runs}
+        out = compute(splits)
+        if splits == {run: _split(reader, run, first, last, bucket) for run in runs}:
+            return out
+    return out
+
+
+def _added(frames: list[pd.DataFrame], keys: list[str]) -> pd.DataFrame:
+    """Totals of several parts (disjoint steps) added per `keys` (a sum of NULLs stays NULL)."""
+    frames = [f for f in frames if f is not None]
+    if len(frames) == 1:
+        return frames[0]
+    return pd.concat(frames).groupby(keys, as_index=False, dropna=False).sum(min_count=1)
+
+
 def token_stats(reader, run: str, first: int, last: int, bucket: int) -> pd.DataFrame:
     """Per token text (and per position bucket of `bucket` positions when bucket > 0) over steps first..last:
     count of train tokens, mean advantage and entropy, clip rates (low, high, dual: fractions of the token's
     optimisation passes), mean |gradient weight| and mean |ratio - 1| per pass.
 
-    The passes carry their token's text (engine.runlog.derived), so they are summed without joining the tokens
-    (a whole 100M-token run took 44 s with the join); pass rows without it (runs logged before it) are joined."""
+    Steps a token summary covers add its rows (a whole 100M-token run in well under a second); the others are
+    read row by row. The passes carry their token's text (engine.runlog.derived), so they are summed without
+    joining the tokens (a whole 100M-token run took 44 s with the join); pass rows without it (runs logged before
+    it) are joined."""
+    return _consistent(reader, [run], first, last, bucket,
+                       lambda splits: _token_stats(reader, run, first, last, bucket, splits[run]))
+
+
+def _token_stats(reader, run: str, first: int, last: int, bucket: int, split: _Split) -> pd.DataFrame:
     params = {"runs": [run], "first": first, "last": last, "bucket": bucket}
     position_from = "CASE WHEN $bucket > 0 THEN position // $bucket * $bucket END"
     keys = ["token_text", "position_from"]
-    per_token = reader.sql(f"""
-        SELECT token_text, {position_from} AS position_from, count(*) AS count, avg(advantage) AS advantage_mean,
-               avg(entropy) AS entropy_mean
-        FROM ({_TRAIN_TOKENS}) GROUP BY ALL""", params)
-    per_pass = _summed(reader, params, keys, f"""
-        SELECT token_text, {position_from} AS position_from, clip, grad_weight, ratio FROM {PASSES}
-        WHERE list_contains($runs, run) AND step BETWEEN $first AND $last""", f"""
-        SELECT t.token_text, t.position_from, p.clip, p.grad_weight, p.ratio
-        FROM (SELECT *, {position_from} AS position_from FROM ({_TRAIN_TOKENS})) t
-        JOIN ({_PASSES} AND token_text IS NULL) p USING (run, token_key)""")
-    out = per_token.merge(_with_rates(per_pass), on=keys, how="left")
+    per_token, per_pass = [], []
+    if split.any_exact:
+        per_token.append(reader.sql(f"""
+            SELECT token_text, {position_from} AS position_from, count(*) AS count, sum(advantage) AS advantage_sum,
+                   count(advantage) AS advantage_rows, sum(entropy) AS entropy_sum, count(entropy) AS entropy_rows
+            FROM ({_TRAIN_TOKENS}) WHERE {split.exact} GROUP BY ALL""", params))
+        per_pass.append(_summed(reader, params, keys, f"""
+            SELECT token_text, {position_from} AS position_from, clip, grad_weight, ratio FROM {PASSES}
+            WHERE list_contains($runs, run) AND step BETWEEN $first AND $last AND {split.exact}""", f"""
+            SELECT t.token_text, t.position_from, p.clip, p.grad_weight, p.ratio
+            FROM (SELECT *, {position_from} AS position_from FROM ({_TRAIN_TOKENS}) WHERE {split.exact}) t
+            JOIN ({_PASSES} AND token_text IS NULL) p USING (run, token_key)"""))
+    if split.any_summary:
+        summary_keys = "token_text, CASE WHEN $bucket > 0 THEN position_from // $bucket * $bucket END AS position_from"
+        per_token.append(reader.sql(f"""
+            SELECT token_text, position_from, sum(rows)::BIGINT AS count, sum(advantage_sum) AS advantage_sum,
+                   sum(advantage_rows)::BIGINT AS advantage_rows, sum(entropy_sum) AS entropy_sum,
+                   sum(entropy_rows)::BIGINT AS entropy_rows
+            FROM ({_summary_rows("tokens", split, summary_keys)}) GROUP BY ALL""", params))
+        per_pass.append(reader.sql(_pass_totals(_summary_rows("passes", split, summary_keys), keys, summed=True),
+                                   params))
+    out = _added(per_token, keys)
+    out.insert(3, "advantage_mean", out.pop("advantage_sum") / out.pop("advantage_rows").where(lambda n: n > 0))
+    out.insert(4, "entropy_mean", out.pop("entropy_sum") / out.pop("entropy_rows").where(lambda n: n > 0))
+    out = out.merge(_with_rates(_added(per_pass, keys)), on=keys, how="left")
     out["abs_grad_weight_mean"] = out.pop("abs_weight") / out["pass_rows"]
     out["ratio_deviation_mean"] = out.pop("ratio_dev") / out.pop("pass_rows")
     out["entropy_mean"] = out.pop("entropy_mean")
     out = out.drop(columns="clip_rate").sort_values(["count", *keys], ascending=[False, True, True])
     return out.reset_index(drop=True)
+
+
+def _summary_rows(kind: str, split: _Split, keys: str, of_run: str = "list_contains($runs, run)") -> str:
+    """SQL of a run's token summary rows of `kind` in the steps `split` reads from it, with the `keys`
+    (expressions over the summary's columns) and every other column; `of_run`: the condition picking the run."""
+    return f"""
+        SELECT {keys}, * EXCLUDE (token_text, position_from, entropy_decile)
+        FROM {SUMMARY} WHERE {of_run} AND kind = '{kind}' AND bucket = {split.bucket}
+                             AND step BETWEEN $first AND $last AND {split.summary}"""
 
 
 def _summed(reader, params: dict, keys: list[str], stored: str, joined: str) -> pd.DataFrame:
@@ -105,15 +192,10 @@ def entropy_bins(reader, runs: tuple[str, ...], first: int, last: int, bins: int
     """
     if not (isinstance(bins, int) and 2 <= bins <= 100):
         raise ValueError(f"bins = {bins!r}; accepted: an integer from 2 to 100")
-    params = {"runs": list(runs), "first": first, "last": last}
-    from_quantiles = _quantile_bins(bins)
-    if ENTROPY_DECILES % bins == 0:
-        totals = _summed(reader, params, ["bin", "run"], f"""
-            SELECT run, entropy_decile // {ENTROPY_DECILES // bins} AS bin, clip, grad_weight, NULL::DOUBLE AS ratio
-            FROM {PASSES} WHERE list_contains($runs, run) AND step BETWEEN $first AND $last""",
-                         from_quantiles.replace("{missing}", " AND entropy_decile IS NULL"))
-    else:
-        totals = reader.sql(_pass_totals(from_quantiles.replace("{missing}", ""), ["bin", "run"]), params)
+    bucket = 0 if ENTROPY_DECILES % bins == 0 else 1  # 1: no summary (it holds deciles), as for bucket 1
+    totals = _consistent(reader, runs, first, last, bucket, lambda splits: _added(
+        [part for run, split in splits.items() for part in _bin_totals(reader, run, first, last, bins, split)],
+        ["bin", "run"]))
     algorithms = reader.sql("SELECT run, algorithm FROM runs WHERE list_contains($runs, run)", {"runs": list(runs)})
     out = algorithms.merge(_with_rates(totals.drop(columns="ratio_dev")), on="run")
     out = out.sort_values(["run", "bin"], ignore_index=True).astype({"bin": int})
@@ -129,15 +211,43 @@ ENTROPY_DECILES = 10
 """The resolution of the token passes' stored `entropy_decile` (engine.runlog.derived)."""
 
 
-def _pass_totals(rows: str, keys: list[str]) -> str:
+def _bin_totals(reader, run: str, first: int, last: int, bins: int, split: _Split) -> list[pd.DataFrame]:
+    """`_pass_totals` per (bin, run) of one run's steps first..last: from its token summary's deciles where
+    `split` says so, else from the passes' deciles, else (bins that do not divide 10, passes logged without a
+    decile) from the quantiles of the tokens' entropies."""
+    params = {"runs": [run], "first": first, "last": last}
+    from_quantiles = _quantile_bins(bins).replace("{exact}", split.exact)
+    per_decile = ENTROPY_DECILES // bins
+    parts = []
+    if split.any_summary:
+        summary = _summary_rows("deciles", split, f"entropy_decile // {per_decile} AS bin")
+        parts.append(reader.sql(_pass_totals(summary, ["bin", "run"], summed=True), params))
+    if split.any_exact and ENTROPY_DECILES % bins == 0:
+        parts.append(_summed(reader, params, ["bin", "run"], f"""
+            SELECT run, entropy_decile // {per_decile} AS bin, clip, grad_weight, NULL::DOUBLE AS ratio
+            FROM {PASSES} WHERE list_contains($runs, run) AND step BETWEEN $first AND $last AND {split.exact}""",
+                             from_quantiles.replace("{missing}", " AND entropy_decile IS NULL")))
+    elif split.any_exact:
+        parts.append(reader.sql(_pass_totals(from_quantiles.replace("{missing}", ""), ["bin", "run"]), params))
+    return parts
+
+
+def _pass_totals(rows: str, keys: list[str], summed: bool = False) -> str:
     """Per `keys` of `rows` (SQL of rows with the keys, clip, grad_weight, ratio): pass rows, rows with a clip
     code (clip_rows), the clipped ones and one count per clip code, the sums of |gradient weight| and |ratio - 1|:
-    totals that add up across parts (`_with_rates` turns them into shares)."""
-    counts = ", ".join(f'count(*) FILTER (WHERE clip = {int(code)}) AS "{rate_column(code)}"' for code in CLIP_EVENTS)
+    totals that add up across parts (`_with_rates` turns them into shares). `summed`: `rows` are token summary
+    rows (engine.runlog.summary: keys, clip, rows, abs_weight, ratio_dev), whose sums are added."""
+    n = "sum(rows)" if summed else "count(*)"
+
+    def where(condition: str) -> str:
+        return f"coalesce({n} FILTER (WHERE {condition}), 0)::BIGINT"
+
+    counts = ", ".join(f'{where(f"clip = {int(code)}")} AS "{rate_column(code)}"' for code in CLIP_EVENTS)
+    weight, ratio = ("sum(abs_weight)", "sum(ratio_dev)") if summed else ("sum(abs(grad_weight))",
+                                                                          "sum(abs(ratio - 1))")
     return f"""
-        SELECT {", ".join(keys)}, count(*) AS pass_rows, count(clip) AS clip_rows,
-               count(*) FILTER (WHERE clip <> {CLIP_NONE}) AS clipped, {counts}, sum(abs(grad_weight)) AS abs_weight,
-               sum(abs(ratio - 1)) AS ratio_dev
+        SELECT {", ".join(keys)}, {n}::BIGINT AS pass_rows, {where("clip IS NOT NULL")} AS clip_rows,
+               {where(f"clip <> {CLIP_NONE}")} AS clipped, {counts}, {weight} AS abs_weight, {ratio} AS ratio_dev
         FROM ({rows}) GROUP BY ALL"""
 
 
@@ -152,12 +262,13 @@ def _with_rates(totals: pd.DataFrame) -> pd.DataFrame:
 
 def _quantile_bins(bins: int) -> str:
     """(run, bin, clip, grad_weight, ratio) of the pass rows of train tokens, the bin computed from the quantiles
-    of each response's token entropies; `{missing}` stands for a further condition on the passes."""
+    of each response's token entropies; `{exact}` stands for a condition on the tokens' step, `{missing}` for a
+    further condition on the passes."""
     cuts = ", ".join(f"{k / bins!r}" for k in range(1, bins))
     # Written out (from the integer `bins` only): one comparison per cut point is cheaper than a list lambda.
     bin_of = " + ".join(f"(t.entropy > c.cuts[{k}])::INT" for k in range(1, bins))
     return f"""
-        WITH tok AS ({_TRAIN_TOKENS}),
+        WITH tok AS (SELECT * FROM ({_TRAIN_TOKENS}) WHERE {{exact}}),
         cut_points AS (
             SELECT run, step, rollout_id, quantile_cont(entropy, [{cuts}]) AS cuts
             FROM tok GROUP BY run, step, rollout_id
@@ -189,7 +300,12 @@ dropped groups, overlong-filtered completions), tokens no mismatch correction re
 without a reference model) reads as NULL."""
 
 
-def _covariance_sums(group: str) -> str:
+def _keys(*expressions: str) -> str:
+    """A SELECT list of the non-empty `expressions`."""
+    return ", ".join(e for e in expressions if e)
+
+
+def _covariance_sums(split: _Split, exact_group: str, summary_group: str) -> str:
     """Per step, pass and `group` (more GROUP BY expressions over `_LOSS_TOKEN_PASSES`, named): rows n, the summed
     covariance (A - mean A)(log pi - mean log pi) of Cui et al., the means over the pass's loss tokens and log pi
     the pass's new log-prob (the quantity Clip-Cov and KL-Cov select by: `engine.objectives.token_covariance`, verl
@@ -201,12 +317,22 @@ def _covariance_sums(group: str) -> str:
     1.7-1.8 times as long (benchmarks/bench_token_drivers.py). A critic run's loss saw its advantages whitened with the
     step's (mean, std) (`as_loss_used`): its covariance is divided by that std. A pass spread over several
     processes is one batch here, where each process's loss took its own means."""
+    parts = []
+    if split.any_exact:
+        parts.append(f"""
+            SELECT {_keys("step", '"pass"', exact_group)}, count(*) AS n, sum(advantage) AS sum_a,
+                   sum(new_logp) AS sum_logp, sum(advantage * new_logp) AS sum_a_logp, sum(kl) AS kl_sum,
+                   count(kl) AS kl_rows, sum(entropy) AS entropy_sum,
+                   count(*) FILTER (WHERE clip = {CLIP_COV}) AS cov_rows
+            FROM ({_LOSS_TOKEN_PASSES}) WHERE {split.exact} GROUP BY ALL""")
+    if split.any_summary:
+        parts.append(f"""
+            SELECT {_keys("step", '"pass"', summary_group)}, sum(rows)::BIGINT AS n, sum(advantage_sum) AS sum_a,
+                   sum(logp_sum) AS sum_logp, sum(advantage_logp_sum) AS sum_a_logp, sum(kl_sum) AS kl_sum,
+                   sum(kl_rows)::BIGINT AS kl_rows, sum(entropy_sum) AS entropy_sum, sum(cov_rows)::BIGINT AS cov_rows
+            FROM ({_summary_rows("loss", split, "token_text, position_from", "run = $run")}) GROUP BY ALL""")
     return f"""
-        WITH sums AS (
-            SELECT step, "pass", {group}, count(*) AS n, sum(advantage) AS sum_a, sum(new_logp) AS sum_logp,
-                   sum(advantage * new_logp) AS sum_a_logp, sum(kl) AS kl_sum, count(kl) AS kl_rows,
-                   sum(entropy) AS entropy_sum, count(*) FILTER (WHERE clip = {CLIP_COV}) AS cov_rows
-            FROM ({_LOSS_TOKEN_PASSES}) GROUP BY ALL
+        WITH sums AS ({" UNION ALL BY NAME ".join(parts)}
         ), means AS (
             SELECT step, "pass", sum(sum_a) / sum(n) AS mean_a, sum(sum_logp) / sum(n) AS mean_logp
             FROM sums GROUP BY step, "pass"
@@ -224,14 +350,15 @@ def covariance_drivers(reader, run: str, first: int, last: int, bucket: int, top
     entropy_sum (entropy at sampling, summed over rows), cov_rows (rows Clip-Cov / KL-Cov selected),
     top_covariance / top_kl (which ranking picked the text), and the range's totals kl_total / kl_rows_total, for
     shares (`driver_table`)."""
-    return reader.sql(
+    by_position = "CASE WHEN $bucket > 0 THEN {} // $bucket * $bucket END AS position_from"
+    return _consistent(reader, [run], first, last, bucket, lambda splits: reader.sql(
         f"""
         WITH per_step AS (
             SELECT step, token_text, position_from, sum(n)::BIGINT AS rows, sum(covariance_sum) AS covariance_sum,
                    sum(kl_sum) AS kl_sum, sum(kl_rows)::BIGINT AS kl_rows, sum(entropy_sum) AS entropy_sum,
                    sum(cov_rows)::BIGINT AS cov_rows
-            FROM ({_covariance_sums("token_text, CASE WHEN $bucket > 0 THEN position // $bucket * $bucket END "
-                                    "AS position_from")})
+            FROM ({_covariance_sums(splits[run], "token_text, " + by_position.format("position"),
+                                    "token_text, " + by_position.format("position_from"))})
             GROUP BY ALL
         ), ranked AS (
             SELECT token_text, position_from,
@@ -247,8 +374,7 @@ def covariance_drivers(reader, run: str, first: int, last: int, bucket: int, top
         WHERE r.top_covariance OR r.top_kl
         ORDER BY s.token_text, s.position_from, s.step
         """,
-        {"run": run, "first": first, "last": last, "bucket": bucket, "top": top},
-    )
+        {"run": run, "first": first, "last": last, "bucket": bucket, "top": top}))
 
 
 def driver_table(per_step: pd.DataFrame, ranking: str) -> pd.DataFrame:
@@ -284,20 +410,23 @@ def covariance_per_step(reader, run: str, first: int, last: int) -> pd.DataFrame
     token, so a step trained in several epochs counts each token once), the mean covariance (Cui et al.'s
     Cov(log pi, A) of a batch, averaged over the passes), the logged mean entropy at sampling (`steps.entropy`) and
     its change to the next step: Cui et al. find the entropy change tracks -covariance."""
-    return reader.sql(
+    return _consistent(reader, [run], first, last, 0, lambda splits: reader.sql(
         f"""
         WITH per_rollout AS (
             SELECT step, rollout_id, sum(covariance_sum) AS covariance_sum, sum(n) AS rows,
                    sum(n) / count(*) AS tokens  -- its loss tokens: its rows over the passes that used it
-            FROM ({_covariance_sums("rollout_id")}) GROUP BY step, rollout_id
+            FROM ({_covariance_sums(splits[run], "rollout_id", "NULL::BIGINT AS rollout_id")})
+            GROUP BY step, rollout_id
+        ), summarised AS (  -- the same count of the summarised steps (their rows have no rollout_id)
+            SELECT step, sum(loss_tokens) AS tokens
+            FROM ({_summary_rows("loss_tokens", splits[run], "token_text", "run = $run")}) GROUP BY step
         ), per_step AS (
-            SELECT step, sum(covariance_sum) * sum(tokens) / sum(rows) AS covariance_sum,
-                   sum(covariance_sum) / sum(rows) AS covariance_mean, sum(rows)::BIGINT AS rows
-            FROM per_rollout GROUP BY step
+            SELECT step, sum(covariance_sum) * coalesce(any_value(o.tokens), sum(p.tokens)) / sum(rows)
+                   AS covariance_sum, sum(covariance_sum) / sum(rows) AS covariance_mean, sum(rows)::BIGINT AS rows
+            FROM per_rollout p LEFT JOIN summarised o USING (step) GROUP BY step
         )
         SELECT c.step, c.covariance_sum, c.covariance_mean, c.rows, s.entropy,
                lead(s.entropy) OVER (ORDER BY c.step) - s.entropy AS entropy_change
         FROM per_step c LEFT JOIN steps s ON s.run = $run AND s.step = c.step ORDER BY c.step
         """,
-        {"run": run, "first": first, "last": last},
-    )
+        {"run": run, "first": first, "last": last}))

@@ -23,6 +23,8 @@ import pyarrow as pa
 
 from engine.runlog.derived import STORED, TOKEN_PASSES_SQL
 from engine.runlog.layout import (
+    CHUNK_DIR_RE,
+    STEP_DIR_RE,
     RunInfo,
     RunLogError,
     Segment,
@@ -262,6 +264,30 @@ class RunReader:
                     continue
             raise RunLogError(f"{statement.type.name} statement refused: {_READ_ONLY_RULE}")
         return False
+
+    def steps_without(self, table: str, run: str, sources: Iterable[str]) -> list[tuple[int, int]]:
+        """The step ranges (first, last) of `run` held in a folder (a step's or a chunk's) that has a file of one
+        of the `sources` tables but no readable file of `table`: the steps a query of `table` alone would miss
+        (folders written before `table` existed, a damaged file of it left out). Sorted and merged over ranks."""
+        with self._lock:
+            self.refresh()
+            having = {os.path.dirname(path) for path in self._views.get(table, [])}
+            ranges = []
+            for path in (p for source in sources for p in self._views.get(source, [])):
+                folder = os.path.dirname(path)
+                if folder in having or os.path.basename(os.path.dirname(folder)) != f"run={run}":
+                    continue
+                if step := STEP_DIR_RE.match(os.path.basename(folder)):
+                    ranges.append((int(step[1]), int(step[1])))
+                elif chunk := CHUNK_DIR_RE.match(os.path.basename(folder)):
+                    ranges.append((int(chunk[1]), int(chunk[2])))
+        merged: list[tuple[int, int]] = []
+        for first, last in sorted(ranges):
+            if merged and first <= merged[-1][1] + 1:
+                merged[-1] = (merged[-1][0], max(merged[-1][1], last))
+            else:
+                merged.append((first, last))
+        return merged
 
     def run_names(self) -> list[str]:
         with self._lock:

@@ -18,9 +18,13 @@ import duckdb
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
+from engine.runlog.derived import stored_passes
 from engine.runlog.files import FolderWriter, write_folder
 from engine.runlog.layout import STEP_DIR_RE, Segment, chunk_dir, next_seq, remove_tree, scan_segments
 from engine.runlog.schema import DATA_TABLES, TABLE_SCHEMAS, older_schema_missing, with_added_columns
+from engine.runlog.summary import step_summary
+
+SUMMARY_TABLE = "token_summary"
 
 MERGE_FAN_IN = 8
 # A reader lists a data folder with readdir, which is not a snapshot: an entry added or removed during the
@@ -86,6 +90,9 @@ def copy_rows(segments: Sequence[Segment], folder: FolderWriter, keep_up_to: int
         # Segments are in step order and each file is sorted by the table's keys, so appending keeps the
         # chunk sorted: no re-sort needed.
         for part in (Path(s.path) / f"{table}.parquet" for s in segments):
+            if table == SUMMARY_TABLE and not part.exists():
+                summarise_folder(part.parent, folder, keep_up_to)  # a folder logged before the summary
+                continue
             if not part.exists():
                 continue
             source = pq.ParquetFile(part)
@@ -94,6 +101,25 @@ def copy_rows(segments: Sequence[Segment], folder: FolderWriter, keep_up_to: int
                 if keep_up_to is not None:
                     piece = piece.filter(pc.less_equal(piece["step"], keep_up_to))
                 folder.add(table, piece)
+
+
+def summarise_folder(path: Path, folder: FolderWriter, keep_up_to: int | None = None) -> None:
+    """Add to `folder` the `token_summary` rows of the steps of the folder `path` (written before the writer
+    wrote them), step by step from its rollouts, tokens and passes, so that a merged chunk summarises all its
+    steps. Memory: one step's rows."""
+    sources = {table: path / f"{table}.parquet" for table in ("rollouts", "tokens", "token_passes")}
+    if not (sources["tokens"].exists() or sources["token_passes"].exists()):
+        return
+    steps = sorted({s for p in sources.values() if p.exists()
+                    for s in pq.read_table(p, columns=["step"])["step"].unique().to_pylist()})
+    for step in steps if keep_up_to is None else [s for s in steps if s <= keep_up_to]:
+        rows = {table: with_added_columns(pq.read_table(p, filters=[("step", "=", step)]), table)
+                if p.exists() else None for table, p in sources.items()}
+        rows = {table: t if t is not None and t.num_rows else None for table, t in rows.items()}
+        passes = stored_passes(rows["tokens"], rows["token_passes"])
+        summary = step_summary(rows["rollouts"], rows["tokens"], passes)
+        if summary is not None:
+            folder.add(SUMMARY_TABLE, summary)
 
 
 # ---------------------------------------------------------------- truncation

@@ -108,6 +108,16 @@ TABLE_SCHEMAS: dict[str, pa.Schema] = {
         [("run", _S), ("step", _I), ("prompt_id", _I), ("position", _I), ("token_id", _I), ("token_text", _S),
          ("logp", _F32), ("entropy", _F32), ("answer_class", _S)]
     ),
+    # written by the writer from each step's tokens and passes (engine.runlog.summary), never by a producer: sums
+    # per step and token text (and position bucket, clip code, pass, entropy decile) that statistics over a whole
+    # run add up instead of reading every token; `kind` says which sums a row holds (see the module)
+    "token_summary": pa.schema(
+        [("run", _S), ("step", _I), ("kind", _S), ("bucket", _I), ("position_from", _I), ("token_text", _S),
+         ("pass", _I), ("clip", pa.int8()), ("entropy_decile", pa.int8()), ("rows", _I), ("advantage_sum", _F),
+         ("advantage_rows", _I), ("entropy_sum", _F), ("entropy_rows", _I), ("abs_weight", _F), ("ratio_dev", _F),
+         ("logp_sum", _F), ("advantage_logp_sum", _F), ("kl_sum", _F), ("kl_rows", _I), ("cov_rows", _I),
+         ("loss_tokens", _F)]
+    ),
 }
 DATA_TABLES = tuple(TABLE_SCHEMAS)
 ALL_TABLES = ("runs", *DATA_TABLES)
@@ -143,6 +153,7 @@ SORT_KEYS = {
     "token_passes": ["step", "rollout_id", "pass", "position"],
     "prm_steps": ["step", "rollout_id", "step_index"],
     "ref_tokens": ["step", "prompt_id", "position"],
+    "token_summary": ["step"],
 }
 
 _DUCKDB_TYPES = {

@@ -39,6 +39,7 @@ from engine.runlog.layout import (
     validate_run_name,
 )
 from engine.runlog.schema import steps_row, table_rows
+from engine.runlog.summary import step_summary
 
 _ROW_TABLES = ("rollouts", "tokens", "token_passes", "prm_steps", "ref_tokens")  # `steps` comes from the metrics
 
@@ -232,6 +233,7 @@ class RunWriter:
             raise TypeError(f"unknown table argument(s) {unknown}; the tables are metrics, {', '.join(_ROW_TABLES)}")
         tables = {table: table_rows(table, data.get(table), self.name, step) for table in _ROW_TABLES}
         tables["token_passes"] = stored_passes(tables["tokens"], tables["token_passes"])
+        tables["token_summary"] = step_summary(tables["rollouts"], tables["tokens"], tables["token_passes"])
         if metrics is not None:
             metrics = dict(metrics)
             step_seconds = metrics.pop("step_seconds", None)
