@@ -407,13 +407,14 @@ def time_functions(logs_dir: Path, run: str, repeat: int) -> list[tuple[str, flo
     timed("rollout_total_weights", queries.rollout_total_weights, logs, run, middle)
     timed("eval_prompts", queries.eval_prompts, logs, run, version)
     timed("eval_prompt_history", queries.eval_prompt_history, logs, run, 0, version)
-    # The Token statistics page opens on the whole run when the passes carry their token's text, else on the
-    # latest steps within a token budget (a whole 100M-token run of the previous layout: 44 s).
+    # The Token statistics page opens on the whole run when its token summary covers every step, else on the
+    # latest steps within a budget of tokens read row by row (a whole 100M-token run without a summary: 44 s).
     all_steps = sorted(int(s) for s in steps["step"])
     first = all_steps[0]
-    if not timed("passes_carry_tokens", queries.passes_carry_tokens, logs, run, last, version):
+    if gaps := timed("unsummarised_steps", queries.unsummarised_steps, logs, run, version):
         per_step = timed("train_tokens_per_step", queries.train_tokens_per_step, logs, run, version)
-        first = latest_steps_within(all_steps, per_step, queries.STATS_DEFAULT_TOKENS)
+        unsummarised = {s: n for s, n in per_step.items() if any(a <= s <= b for a, b in gaps)}
+        first = latest_steps_within(all_steps, unsummarised, queries.STATS_DEFAULT_TOKENS)
     span = f"steps {first}-{last}"
     stats = timed(f"token_stats ({span})", queries.token_stats, logs, run, first, last, 0, version)
     timed(f"token_stats ({span}, by 8 positions)", queries.token_stats, logs, run, first, last, 8, version)

@@ -465,12 +465,10 @@ def train_tokens_per_step(reader, run: str) -> dict[int, int]:
     return {int(s): int(n) for s, n in zip(frame["step"], frame["tokens"], strict=True)}
 
 
-def passes_carry_tokens(reader, run: str, step: int) -> bool:
-    """Whether the token passes of a step carry their token's text (runs logged since the writer copies it, see
-    engine.runlog.derived): token statistics then read the passes alone, fast enough over a whole run."""
-    counts = reader.sql(f"SELECT count(*) AS passes, count(token_text) AS with_text FROM {PASSES} "
-                        "WHERE run = ? AND step = ?", [run, step])
-    return 0 < int(counts["passes"][0]) == int(counts["with_text"][0])
+def unsummarised_steps(reader, run: str) -> list[tuple[int, int]]:
+    """The step ranges of a run that its token summary does not cover (logged before it, or its file damaged):
+    the Token statistics read those row by row (`dashboard.token_data`)."""
+    return reader.steps_without("token_summary", run, ("tokens", "token_passes"))
 
 
 def run_has_prm(reader, run: str) -> bool:

@@ -144,18 +144,17 @@ def step_whitening(logs_dir: str, run: str, step: int) -> tuple[float, float] | 
     return data.step_whitening(get_reader(logs_dir), run, step)
 
 
-# The step range the Token statistics page opens on for a run whose token passes do not carry their token's text
-# (logged before they did, `passes_carry_tokens`): the latest steps holding at most this many train tokens (its
-# queries take about half a second there: 2M tokens took 0.94 s). Over all 100M tokens of such a run its statistics
-# take 44 s and its entropy bins need more memory than the dashboard gives DuckDB; a wider range is one slider move
-# away. A run of up to a million train tokens (every demo run) opens on all its steps, and so does any run logged
-# since: its statistics read the passes alone (see docs/benchmarks.md, "Bytes per row").
+# The step range the Token statistics page opens on for a run with steps its token summary does not cover
+# (logged before it, `unsummarised_steps`): the latest steps whose unsummarised ones hold at most this many train
+# tokens (read row by row, 2M tokens took 0.94 s). Over all 100M tokens of such a run its statistics take 44 s and
+# its entropy bins need more memory than the dashboard gives DuckDB; a wider range is one slider move away. A run
+# whose steps are all summarised opens on all of them (see docs/benchmarks.md, "Token statistics over a whole run").
 STATS_DEFAULT_TOKENS = 1_000_000
 
 
 @st.cache_data(ttl=RUN_TTL, show_spinner=False)
-def passes_carry_tokens(logs_dir: str, run: str, step: int, version: tuple) -> bool:
-    return data.passes_carry_tokens(get_reader(logs_dir), run, step)
+def unsummarised_steps(logs_dir: str, run: str, version: tuple) -> list[tuple[int, int]]:
+    return data.unsummarised_steps(get_reader(logs_dir), run)
 
 
 @st.cache_data(ttl=RUN_TTL, show_spinner=False)

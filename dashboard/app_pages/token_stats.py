@@ -23,16 +23,17 @@ st.header("Token statistics")
 
 left, right = st.columns([3, 2])
 if len(steps) > 1:
-    # The whole run, unless its token passes predate carrying their token's text (then a whole large run is slow)
+    # The whole run, unless steps its token summary does not cover hold many tokens (they are read row by row)
     start = steps[0]
-    if not common.load("the run's layout", queries.passes_carry_tokens, logs, run, steps[-1], selection.version):
+    if gaps := common.load("the run's layout", queries.unsummarised_steps, logs, run, selection.version):
         per_step = common.load("the tokens per step", queries.train_tokens_per_step, logs, run, selection.version)
-        start = common.latest_steps_within(steps, per_step, queries.STATS_DEFAULT_TOKENS)
+        unsummarised = {s: n for s, n in per_step.items() if any(a <= s <= b for a, b in gaps)}
+        start = common.latest_steps_within(steps, unsummarised, queries.STATS_DEFAULT_TOKENS)
     first, last = left.select_slider("Steps", steps, value=(start, steps[-1]), key="stats_steps")
     if start != steps[0]:
-        left.caption(f"Opened on the latest steps holding at most {queries.STATS_DEFAULT_TOKENS:,} train tokens; "
-                     "this run was logged before the token passes carried their token's text, and over a whole "
-                     "large run its statistics take far longer (100M tokens: about a minute).")
+        left.caption(f"Opened on the latest steps holding at most {queries.STATS_DEFAULT_TOKENS:,} train tokens "
+                     "logged without a token summary (logged before it): those are read token by token, and over "
+                     "a whole large run that takes far longer (100M tokens: about a minute).")
 else:
     first = last = steps[0]
 bucket_name = right.selectbox("Split by position", list(BUCKETS), key="stats_bucket")
