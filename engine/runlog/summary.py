@@ -45,29 +45,43 @@ def step_summary(rollouts: pa.Table | None, tokens: pa.Table | None, passes: pa.
     if tokens is None and passes is None:
         return None
     some = tokens if tokens is not None else passes
-    run, step = some["run"][0], some["step"][0]
     train, loss = _rollout_sets(rollouts)
     parts = []
     if tokens is not None:
-        train_tokens = tokens.filter(pc.is_in(tokens["rollout_id"], value_set=train))
-        values = pa.table({"token_text": train_tokens["token_text"], "position": train_tokens["position"],
-                           "advantage": train_tokens["advantage"].cast(pa.float64()),
-                           "entropy": train_tokens["entropy"].cast(pa.float64())})
-        parts += _by_bucket("tokens", values, ["token_text"], [
-            ("advantage", "sum"), ("advantage", "count"), ("entropy", "sum"), ("entropy", "count")])
+        # Token texts as codes into the step's distinct texts: grouping and copying them per pass row is cheap.
+        tokens = tokens.select(["rollout_id", "position", "token_text", "old_logp", "ref_logp", "advantage",
+                                "entropy"])
+        tokens = tokens.set_column(2, "token_text", pc.dictionary_encode(tokens["token_text"]))
+        tokens = tokens.append_column("train", pc.is_in(tokens["rollout_id"], value_set=train)).append_column(
+            "loss", pc.is_in(tokens["rollout_id"], value_set=loss))
+        train_tokens = tokens.filter(tokens["train"])
+        parts += _by_bucket("tokens", {
+            "token_text": train_tokens["token_text"], "position": train_tokens["position"],
+            "advantage": train_tokens["advantage"], "entropy": train_tokens["entropy"]}, ["token_text"],
+            sums={"advantage_sum": "advantage", "entropy_sum": "entropy"},
+            counts={"advantage_rows": "advantage", "entropy_rows": "entropy"})
     if passes is not None:
-        parts += _pass_parts(passes, tokens, train, loss)
-    parts = [p for p in parts if p.num_rows]
+        parts += _pass_parts(passes, tokens)
+    parts = [p for p in parts if len(p["rows"])]
     if not parts:
         return None
-    n = sum(p.num_rows for p in parts)
-    columns = {"run": pa.repeat(run, n), "step": pa.repeat(step, n)}
+    n = sum(len(p["rows"]) for p in parts)
+    columns = {"run": pa.repeat(some["run"][0], n), "step": pa.repeat(some["step"][0], n)}
     for field in _SCHEMA:
         if field.name not in columns:
-            columns[field.name] = pa.concat_arrays(
-                [p[field.name].combine_chunks().cast(field.type) if field.name in p.column_names
-                 else pa.nulls(p.num_rows, field.type) for p in parts])
+            columns[field.name] = pa.concat_arrays([_column(p, field) for p in parts])
     return pa.table(columns, schema=_SCHEMA)
+
+
+def _column(part: dict, field: pa.Field) -> pa.Array:
+    """A summary column of one part (`_grouped` columns, `kind` and `bucket` one value for all its rows)."""
+    n = len(part["rows"])
+    value = part.get(field.name)
+    if value is None:
+        return pa.nulls(n, field.type)
+    if isinstance(value, str | int):
+        return pa.repeat(pa.scalar(value, field.type), n)
+    return _array(value).cast(field.type)
 
 
 def _rollout_sets(rollouts: pa.Table | None) -> tuple[pa.Array, pa.Array]:
@@ -80,37 +94,38 @@ def _rollout_sets(rollouts: pa.Table | None) -> tuple[pa.Array, pa.Array]:
     return ids.filter(is_train).combine_chunks(), ids.filter(kept).combine_chunks()
 
 
-def _pass_parts(passes: pa.Table, tokens: pa.Table | None, train: pa.Array, loss: pa.Array) -> list[pa.Table]:
-    """The "passes", "deciles", "loss" and "loss_tokens" rows of one step's stored pass rows."""
-    parts = []
+def _pass_parts(passes: pa.Table, tokens: pa.Table | None) -> list[dict]:
+    """The "deciles", "passes", "loss" and "loss_tokens" rows of one step's stored pass rows (`tokens`: the step's
+    with the flags `train` and `loss`, their rollout's)."""
     weight = pc.abs(passes["grad_weight"].cast(pa.float64()))
     decided = pc.is_valid(passes["entropy_decile"])
-    parts.append(_grouped("deciles", pa.table({
-        "entropy_decile": passes["entropy_decile"], "clip": passes["clip"], "abs_weight": weight}).filter(decided),
-        ["entropy_decile", "clip"], [("abs_weight", "sum")]))
+    parts = [_grouped({"entropy_decile": passes["entropy_decile"].filter(decided),
+                       "clip": passes["clip"].filter(decided), "abs_weight": weight.filter(decided)},
+                      ["entropy_decile", "clip"], sums={"abs_weight": "abs_weight"}) | {"kind": "deciles", "bucket": 0}]
     if tokens is None or tokens.num_rows == 0:
         return parts
     token_keys = _token_keys(tokens)  # (n,) sorted, as the writer sorts the tokens
     keys = _token_keys(passes)  # (m,)
     at = np.minimum(np.searchsorted(token_keys, keys), len(token_keys) - 1)  # (m,)
     found = token_keys[at] == keys  # (m,)
-    token = tokens.take(pa.array(at))  # (m,) the pass row's token row (where found)
+    token = tokens.take(at)  # (m,) each pass row's token (where found)
     text = token["token_text"]
-    is_train = pc.is_in(token["rollout_id"], value_set=train).to_numpy(zero_copy_only=False)
-    counted = found & (pc.is_valid(text).to_numpy(zero_copy_only=False) | is_train)
+    is_train = pc.fill_null(token["train"], False).to_numpy(zero_copy_only=False)
+    counted = pa.array(found & (pc.is_valid(text).to_numpy(zero_copy_only=False) | is_train))
     ratio = passes["ratio"].cast(pa.float64())
-    per_text = pa.table({"token_text": text, "position": passes["position"], "clip": passes["clip"],
-                         "abs_weight": weight, "ratio_dev": pc.abs(pc.subtract(ratio, 1.0))})
-    parts += _by_bucket("passes", per_text.filter(pa.array(counted)), ["token_text", "clip"],
-                        [("abs_weight", "sum"), ("ratio_dev", "sum")])
+    parts += _by_bucket("passes", {
+        "token_text": text.filter(counted), "position": passes["position"].filter(counted),
+        "clip": passes["clip"].filter(counted), "abs_weight": weight.filter(counted),
+        "ratio_dev": pc.abs(pc.subtract(ratio, 1.0)).filter(counted)}, ["token_text", "clip"],
+        sums={"abs_weight": "abs_weight", "ratio_dev": "ratio_dev"})
     kept = pc.equal(pc.fill_null(passes["rejected"], 0), 0).to_numpy(zero_copy_only=False)
-    in_loss = found & kept & pc.is_in(token["rollout_id"], value_set=loss).to_numpy(zero_copy_only=False)
-    parts += _loss_parts(passes.filter(pa.array(in_loss)), token.filter(pa.array(in_loss)), ratio.filter(in_loss))
+    in_loss = pa.array(found & kept & pc.fill_null(token["loss"], False).to_numpy(zero_copy_only=False))
+    parts += _loss_parts(passes.filter(in_loss), token.filter(in_loss), ratio.filter(in_loss))
     return parts
 
 
-def _loss_parts(passes: pa.Table, tokens: pa.Table, ratio: pa.Array) -> list[pa.Table]:
-    """The "loss" and "loss_tokens" rows of the loss token x pass rows (`tokens`: each row's token row)."""
+def _loss_parts(passes: pa.Table, tokens: pa.Table, ratio: pa.Array) -> list[dict]:
+    """The "loss" and "loss_tokens" rows of the loss token x pass rows (`tokens`: each row's token values)."""
     if passes.num_rows == 0:
         return []
     old, ref = tokens["old_logp"].cast(pa.float64()), tokens["ref_logp"].cast(pa.float64())
@@ -119,44 +134,96 @@ def _loss_parts(passes: pa.Table, tokens: pa.Table, ratio: pa.Array) -> list[pa.
     kl = pc.coalesce(passes["kl"].cast(pa.float64()), pc.subtract(pc.subtract(pc.exp(x), x), 1.0))
     kl = pc.if_else(pc.is_nan(kl), pa.scalar(None, pa.float64()), kl)
     advantage = tokens["advantage"].cast(pa.float64())
-    rows = pa.table({
+    parts = _by_bucket("loss", {
         "pass": passes["pass"], "token_text": tokens["token_text"], "position": passes["position"],
-        "rollout_id": passes["rollout_id"], "advantage": advantage, "logp": new_logp,
-        "advantage_logp": pc.multiply(advantage, new_logp), "kl": kl,
-        "entropy": tokens["entropy"].cast(pa.float64()),
-        "cov": pc.fill_null(pc.equal(passes["clip"], CLIP_COV), False).cast(pa.int64())})
-    parts = _by_bucket("loss", rows, ["pass", "token_text"], [
-        ("advantage", "sum"), ("logp", "sum"), ("advantage_logp", "sum"), ("kl", "sum"), ("kl", "count"),
-        ("entropy", "sum"), ("cov", "sum")])
-    per_use = rows.group_by(["rollout_id", "pass"], use_threads=False).aggregate([([], "count_all")])
-    per_rollout = per_use.group_by("rollout_id", use_threads=False).aggregate(
-        [("count_all", "sum"), ("count_all", "count")])
-    once = pc.sum(pc.divide(per_rollout["count_all_sum"].cast(pa.float64()), per_rollout["count_all_count"]))
-    parts.append(pa.table({"kind": ["loss_tokens"], "bucket": [0], "loss_tokens": [once.as_py()]}))
-    return parts
+        "advantage": advantage, "logp": new_logp, "advantage_logp": pc.multiply(advantage, new_logp), "kl": kl,
+        "entropy": tokens["entropy"], "cov": pc.fill_null(pc.equal(passes["clip"], CLIP_COV), False)},
+        ["pass", "token_text"], counts={"kl_rows": "kl"}, totals={"cov_rows": "cov"},
+        sums={"advantage_sum": "advantage", "logp_sum": "logp", "advantage_logp_sum": "advantage_logp",
+              "kl_sum": "kl", "entropy_sum": "entropy"})
+    uses = _grouped({"rollout_id": passes["rollout_id"], "pass": passes["pass"]}, ["rollout_id", "pass"])
+    per_rollout = _grouped({"rollout_id": uses["rollout_id"], "rows": uses["rows"], "uses": np.ones(len(uses["rows"]))},
+                           ["rollout_id"], totals={"rows": "rows", "uses": "uses"})
+    once = float(np.sum(per_rollout["rows"] / per_rollout["uses"]))
+    return [*parts, {"kind": "loss_tokens", "bucket": 0, "rows": np.zeros(1, np.int64), "loss_tokens": [once]}]
 
 
-# The summary's column of each of pyarrow's aggregate names (column_function) that `_grouped` uses.
-_NAMES = {"advantage_count": "advantage_rows", "entropy_count": "entropy_rows", "abs_weight_sum": "abs_weight",
-          "ratio_dev_sum": "ratio_dev", "logp_sum": "logp_sum", "kl_count": "kl_rows", "cov_sum": "cov_rows",
-          "count_all": "rows"}
+def _by_bucket(kind: str, rows: dict, keys: list[str], sums: dict[str, str] | None = None,
+               counts: dict[str, str] | None = None, totals: dict[str, str] | None = None) -> list[dict]:
+    """`_grouped` rows of `kind` per `SUMMARY_BUCKET` positions, and without a position split (bucket 0, the
+    former added up)."""
+    position = pc.fill_null(rows.pop("position"), -1).to_numpy(zero_copy_only=False)  # (n,) NULL: none logged
+    rows["position_from"] = pa.array(position // SUMMARY_BUCKET * SUMMARY_BUCKET, mask=position < 0)
+    split = _grouped(rows, [*keys, "position_from"], sums, counts, totals)
+    added = [*(counts or {}), *(totals or {}), "rows"]
+    whole = _grouped({k: v for k, v in split.items() if k != "position_from"}, keys,
+                     {name: name for name in sums or {}}, totals={name: name for name in added})
+    return [split | {"kind": kind, "bucket": SUMMARY_BUCKET}, whole | {"kind": kind, "bucket": 0}]
 
 
-def _by_bucket(kind: str, rows: pa.Table, keys: list[str], aggregates: list[tuple[str, str]]) -> list[pa.Table]:
-    """`_grouped` rows of `kind` without a position split (bucket 0) and per `SUMMARY_BUCKET` positions."""
-    position = pc.fill_null(rows["position"], -1).to_numpy(zero_copy_only=False)
-    split = rows.append_column("position_from", pa.array(position // SUMMARY_BUCKET * SUMMARY_BUCKET,
-                                                         mask=~pc.is_valid(rows["position"]).to_numpy(
-                                                             zero_copy_only=False)))
-    return [_grouped(kind, rows, keys, aggregates),
-            _grouped(kind, split, [*keys, "position_from"], aggregates, bucket=SUMMARY_BUCKET)]
+def _grouped(rows: dict, keys: list[str], sums: dict[str, str] | None = None, counts: dict[str, str] | None = None,
+             totals: dict[str, str] | None = None) -> dict:
+    """Per distinct `keys` (NULL a value of its own) of the columns `rows` (pyarrow or numpy, one length):
+    the keys; rows, their number (or the total of a `rows` column in `totals`); per `sums` name, the sum of the
+    non-NULL values of its column (NULL when there are none, as SQL's sum); per `counts` name, the number of
+    non-NULL values of its column; per `totals` name, the sum of its column (no NULLs). Groups in key order."""
+    combined, size = np.zeros(len(rows[keys[0]]), np.int64), 1  # (n,) one code per distinct keys, below size
+    for key in keys:
+        codes, distinct = _codes(rows[key])
+        if size * distinct >= 2**62:  # renumber the keys so far densely first
+            _, combined = np.unique(combined, return_inverse=True)
+            size = int(combined.max(initial=0)) + 1
+        combined, size = combined.reshape(-1) * distinct + codes, size * distinct
+    first, group = _groups(combined, size)
+    out = {key: _array(rows[key]).take(first) for key in keys}
+    out["rows"] = np.bincount(group, minlength=len(first))
+    for name, column in (totals or {}).items():
+        out[name] = np.bincount(group, weights=np.asarray(rows[column], np.float64), minlength=len(first))
+    for name, column in (counts or {}).items():
+        out[name] = np.bincount(group, weights=_valid(rows[column]), minlength=len(first))
+    for name, column in (sums or {}).items():
+        values = _array(rows[column]).cast(pa.float64())
+        valid = _valid(values)
+        summed = np.bincount(group, weights=np.where(valid, pc.fill_null(values, 0.0).to_numpy(), 0.0),
+                             minlength=len(first))
+        out[name] = pa.array(summed, mask=np.bincount(group, weights=valid, minlength=len(first)) == 0)
+    return out
 
 
-def _grouped(kind: str, rows: pa.Table, keys: list[str], aggregates: list[tuple[str, str]],
-             bucket: int = 0) -> pa.Table:
-    """Per `keys` of `rows`: rows (their number) and the `aggregates` (sums skip NULLs and are NULL when every
-    value is; counts count the non-NULL values), named as the summary's columns, with `kind` and `bucket`."""
-    out = rows.group_by(keys, use_threads=False).aggregate([*aggregates, ([], "count_all")])
-    out = out.rename_columns([_NAMES.get(c, c) for c in out.column_names])
-    n = out.num_rows
-    return out.append_column("kind", pa.repeat(kind, n)).append_column("bucket", pa.repeat(bucket, n))
+def _codes(values) -> tuple[np.ndarray, int]:
+    """(n,) int64 codes of a column's values (NULL one more code), and the number of codes."""
+    values = _array(values)
+    if pa.types.is_integer(values.type):  # offsets from the smallest value: no hashing
+        valid = pc.is_valid(values).to_numpy(zero_copy_only=False)
+        numbers = pc.fill_null(values, 0).to_numpy(zero_copy_only=False).astype(np.int64)
+        low, high = (int(numbers[valid].min()), int(numbers[valid].max())) if valid.any() else (0, 0)
+        return np.where(valid, numbers - low, high - low + 1), high - low + 2
+    encoded = values if pa.types.is_dictionary(values.type) else pc.dictionary_encode(values)
+    codes = pc.fill_null(encoded.indices, len(encoded.dictionary)).to_numpy(zero_copy_only=False)
+    return codes.astype(np.int64), len(encoded.dictionary) + 1
+
+
+def _groups(combined: np.ndarray, size: int) -> tuple[np.ndarray, np.ndarray]:
+    """A row of each distinct value of `combined` (codes below `size`) in value order, (g,), and each row's
+    group, (n,). Counted in a table of `size` entries when that is small (no sort), else sorted."""
+    n = len(combined)
+    if size > 8 * n + 4096:
+        _, first, group = np.unique(combined, return_index=True, return_inverse=True)
+        return first, group.reshape(-1)
+    present = np.bincount(combined, minlength=size) > 0
+    group = (np.cumsum(present) - 1)[combined]
+    first = np.empty(int(present.sum()), np.int64)
+    first[group] = np.arange(n)  # whichever row of a group lands: they share their keys
+    return first, group
+
+
+def _valid(values) -> np.ndarray:
+    """(n,) 1.0 where a value is not NULL, else 0.0."""
+    return pc.is_valid(_array(values)).to_numpy(zero_copy_only=False).astype(np.float64)
+
+
+def _array(values) -> pa.Array:
+    """A pyarrow column, numpy array or list as one pyarrow Array."""
+    if isinstance(values, pa.ChunkedArray):
+        return values.combine_chunks()
+    return values if isinstance(values, pa.Array) else pa.array(values)
