@@ -90,7 +90,9 @@ def main(argv: list[str] | None = None) -> int:
 
     params = {"run": run, "first": 0, "last": last}
     by_text = 'GROUP BY step, "pass", token_text'
-    derived = f'SELECT step, "pass", token_text, covariance_sum FROM ({token_data._covariance_sums("token_text")})'
+    row_by_row = token_data._Split("true", "false", 0)  # what this benchmark compares: the tokens, not a summary
+    derived = (f'SELECT step, "pass", token_text, covariance_sum '
+               f'FROM ({token_data._covariance_sums(row_by_row, "token_text", "token_text")})')
     windowed = f'SELECT step, "pass", token_text, sum(covariance) FROM ({per_row_covariance()}) {by_text}'
     loss_passes = token_data._LOSS_TOKEN_PASSES
     stored = f'SELECT step, "pass", token_text, sum(advantage * new_logp) FROM ({loss_passes}) {by_text}'

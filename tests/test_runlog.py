@@ -511,7 +511,7 @@ def test_export_round_trip(tmp_path):
     con = duckdb.connect(str(out), read_only=True)
     kinds = dict(con.execute("SELECT table_name, table_type FROM information_schema.tables").fetchall())
     assert kinds == {t: "BASE TABLE" for t in ["runs", "steps", "rollouts", "tokens", "token_passes", "prm_steps",
-                                               "ref_tokens"]}
+                                               "ref_tokens", "token_summary"]}
     for table in kinds:
         exported = con.execute(f"SELECT * FROM {table} ORDER BY ALL").df()
         live = r.sql(f"SELECT * FROM {table} ORDER BY ALL")
