@@ -6,7 +6,8 @@
 The runs are bench_dashboard.py's (`--build-only`). For each run, in a process of its own per path (so the peak
 resident memory is the path's, with the dashboard's DuckDB memory limit): the Token statistics page's queries over
 all its steps (`token_data.token_stats` without and by 8 positions, `entropy_bins` of 10 bins, `covariance_drivers`,
-`covariance_per_step`), median of `--repeat`: cold = a new reader (its first query reads the Parquet footers; the
+`covariance_per_step`), median of `--repeat` (wall and CPU seconds, the latter summed over DuckDB's threads and
+less moved by other processes on a busy machine): cold = a new reader (its first query reads the Parquet footers; the
 files are in the page cache), warm = the same reader again (what a step-range move pays: the page caches no other
 result). "summary": the run's summary rows; "row by row": the same functions with the summary left out (a run
 logged before it). The two paths' tables are compared. And the write side: `step_summary` of one bench step next to
@@ -56,18 +57,19 @@ def one_path(logs_dir: str, run: str, path: str, repeat: int, out: str) -> None:
 
     steps = reader().sql("SELECT min(step) AS first, max(step) AS last FROM steps")
     first, last = int(steps["first"][0]), int(steps["last"][0])
-    cold, warm, results = {q: [] for q in QUERIES}, {q: [] for q in QUERIES}, {}
+    times = {kind: {q: [] for q in QUERIES} for kind in ("cold", "warm", "cold_cpu", "warm_cpu")}
+    results = {}
     for _ in range(repeat):
         fresh = reader()
         for name, query in page_queries(fresh, run, first, last).items():
-            for times in (cold, warm):
-                start = time.perf_counter()
+            for kind in ("cold", "warm"):
+                start, start_cpu = time.perf_counter(), time.process_time()
                 results[name] = query()
-                times[name].append(time.perf_counter() - start)
+                times[kind][name].append(time.perf_counter() - start)
+                times[f"{kind}_cpu"][name].append(time.process_time() - start_cpu)  # every thread's
         fresh.close()
     with open(out + ".json", "w") as f:
-        json.dump({"cold": {q: statistics.median(t) for q, t in cold.items()},
-                   "warm": {q: statistics.median(t) for q, t in warm.items()},
+        json.dump({**{kind: {q: statistics.median(t) for q, t in by_query.items()} for kind, by_query in times.items()},
                    "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}, f)
     for name, frame in results.items():
         frame.to_pickle(f"{out}.{name.replace(' ', '_')}.pkl")
@@ -143,10 +145,12 @@ def main(argv: list[str] | None = None) -> int:
                 measured = json.load(f)
             print(f"{run} {path} (median of {repeat}; load average {os.getloadavg()[0]:.1f}): "
                   f"peak {measured['peak_rss_mb']:.0f} MB")
-            for query in QUERIES:
-                print(f"  {query:<22} cold {measured['cold'][query]:7.3f} s   warm {measured['warm'][query]:7.3f} s")
-            print(f"  {'all':<22} cold {sum(measured['cold'].values()):7.3f} s   "
-                  f"warm {sum(measured['warm'].values()):7.3f} s")
+            for query in [*QUERIES, "all"]:
+                cold, warm, cold_cpu, warm_cpu = (
+                    sum(measured[kind].values()) if query == "all" else measured[kind][query]
+                    for kind in ("cold", "warm", "cold_cpu", "warm_cpu"))
+                print(f"  {query:<22} cold {cold:7.3f} s ({cold_cpu:6.3f} s CPU)   "
+                      f"warm {warm:7.3f} s ({warm_cpu:6.3f} s CPU)")
         if len(outs) == 2:
             print(f"  the two paths' tables are equal (largest relative difference "
                   f"{compare(outs['summary'], outs['row by row']):.1e})")
