@@ -98,10 +98,12 @@ def _pass_parts(passes: pa.Table, tokens: pa.Table | None) -> list[dict]:
     """The "deciles", "passes", "loss" and "loss_tokens" rows of one step's stored pass rows (`tokens`: the step's
     with the flags `train` and `loss`, their rollout's)."""
     weight = pc.abs(passes["grad_weight"].cast(pa.float64()))
-    decided = pc.is_valid(passes["entropy_decile"])
-    parts = [_grouped({"entropy_decile": passes["entropy_decile"].filter(decided),
-                       "clip": passes["clip"].filter(decided), "abs_weight": weight.filter(decided)},
-                      ["entropy_decile", "clip"], sums={"abs_weight": "abs_weight"}) | {"kind": "deciles", "bucket": 0}]
+    deciles = {"entropy_decile": passes["entropy_decile"], "clip": passes["clip"], "abs_weight": weight}
+    if passes["entropy_decile"].null_count:
+        decided = pc.is_valid(passes["entropy_decile"])
+        deciles = {name: values.filter(decided) for name, values in deciles.items()}
+    parts = [_grouped(deciles, ["entropy_decile", "clip"], sums={"abs_weight": "abs_weight"})
+             | {"kind": "deciles", "bucket": 0}]
     if tokens is None or tokens.num_rows == 0:
         return parts
     token_keys = _token_keys(tokens)  # (n,) sorted, as the writer sorts the tokens
@@ -120,7 +122,8 @@ def _pass_parts(passes: pa.Table, tokens: pa.Table | None) -> list[dict]:
         sums={"abs_weight": "abs_weight", "ratio_dev": "ratio_dev"})
     kept = pc.equal(pc.fill_null(passes["rejected"], 0), 0).to_numpy(zero_copy_only=False)
     in_loss = pa.array(found & kept & pc.fill_null(token["loss"], False).to_numpy(zero_copy_only=False))
-    parts += _loss_parts(passes.filter(in_loss), token.filter(in_loss), ratio.filter(in_loss))
+    loss_columns = passes.select(["pass", "rollout_id", "position", "new_logp", "kl", "clip"])
+    parts += _loss_parts(loss_columns.filter(in_loss), token.filter(in_loss), ratio.filter(in_loss))
     return parts
 
 
