@@ -28,8 +28,7 @@ _TOKEN_ROW_GROUP_FACTOR = 4
 # following one eval prompt across a run would otherwise decompress every train completion of the run (0.85 s
 # instead of ~0.03 s at 400 steps of 512 completions). Each row group then holds one kind, and its min/max
 # statistics let DuckDB skip the others. Within each part the rows stay in the table's sort order.
-# The token summary's rows without a position split likewise: a whole-run table without one reads them alone.
-_SEPARATE_ROW_GROUPS = {"rollouts": ("kind", "train"), "token_summary": ("bucket", 0)}
+_SEPARATE_ROW_GROUPS = {"rollouts": ("kind", "train")}
 # Strings and small integer keys repeat a lot; floats (log-probs, ratios) almost never do, and trying a
 # dictionary for them first costs time and bytes.
 # token_id too: a row group holds a few thousand distinct tokens of a vocabulary of 10^5, so dictionary indices take
