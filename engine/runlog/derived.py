@@ -17,7 +17,7 @@ What a token row would repeat from itself (`stored_tokens`): a run whose sampler
 equal to old_logp, and one sampled without top-p / top-k truncation logs sampler_logp_full equal to sampler_logp
 (7 of a token row's 19 bytes when both are repeated). The writer leaves a value out (NULL) where it is bit-for-bit the
 other column's and sets the row's `elided` bit (schema.STORED_ONLY); the `tokens` view reads the other column there
-(`TOKENS_SQL`). A NULL without the bit stays NULL: an import with the sampler's log-prob but not its full one.
+(`tokens_sql`). A NULL without the bit stays NULL: an import with the sampler's log-prob but not its full one.
 
 The entropy decile (`entropy_deciles`): with r the number of tokens of the response whose entropy is lower than
 the token's and n the number of tokens with an entropy, the number of k in 1..9 with k (n - 1) / 10 < r, i.e. the
