@@ -96,8 +96,8 @@ def token_stats(reader, run: str, first: int, last: int, bucket: int) -> pd.Data
     count of train tokens, mean advantage and entropy, clip rates (low, high, dual: fractions of the token's
     optimisation passes), mean |gradient weight| and mean |ratio - 1| per pass.
 
-    Steps a token summary covers add its rows (a whole 100M-token run in well under a second); the others are
-    read row by row. The passes carry their token's text (engine.runlog.derived), so they are summed without
+    Steps a token summary covers add its rows (a whole 10M-token run: 0.08 s of CPU, docs/benchmarks.md); the
+    others are read row by row. The passes carry their token's text (engine.runlog.derived), so they are summed without
     joining the tokens (a whole 100M-token run took 44 s with the join); pass rows without it (runs logged before
     it) are joined."""
     return _consistent(reader, [run], first, last, bucket,
@@ -192,7 +192,8 @@ def entropy_bins(reader, runs: tuple[str, ...], first: int, last: int, bins: int
     """
     if not (isinstance(bins, int) and 2 <= bins <= 100):
         raise ValueError(f"bins = {bins!r}; accepted: an integer from 2 to 100")
-    bucket = 0 if ENTROPY_DECILES % bins == 0 else 1  # 1: no summary (it holds deciles), as for bucket 1
+    # The summary holds deciles: other bin counts read every step row by row, as a bucket of 1 position would.
+    bucket = 0 if ENTROPY_DECILES % bins == 0 else 1
     totals = _consistent(reader, runs, first, last, bucket, lambda splits: _added(
         [part for run, split in splits.items() for part in _bin_totals(reader, run, first, last, bins, split)],
         ["bin", "run"]))

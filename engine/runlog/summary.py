@@ -1,6 +1,7 @@
 """The `token_summary` table: per-step sums of what the dashboard's token statistics show, written by the writer
 from each step's own rows, so that statistics over a whole run add a few rows per step instead of reading every
-token and pass (a 100M-token run holds ~7M summary rows, most of them per position bucket).
+token and pass (a 10M-token benchmark run holds 5.5% as many summary rows as tokens, 99% of them per position
+bucket).
 
 Every row holds sums over one step of one writer (rank), for one key; `kind` says which:
 - "tokens", per token text and position bucket: the step's train tokens (tokens of its rollouts of kind "train"):
