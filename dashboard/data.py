@@ -403,6 +403,28 @@ def prm_steps(reader, run: str, step: int, rollout_ids: tuple[int, ...]) -> pd.D
     )
 
 
+def prm_step_bins(reader, run: str, step: int, rollout_ids: tuple[int, ...], bins: int) -> pd.DataFrame:
+    """The step rewards of some rollouts (a group) in bins of consecutive step indices, one width for all of them
+    (`width`: ceil((the group's last step index + 1) / `bins`), 1 when every completion has at most `bins` steps),
+    so a 16k-token completion's ~300 steps become at most `bins` bars; DuckDB bins them, the page receives only the
+    bins.
+
+    One row per rollout and non-empty bin: `rollout_id`, `bin`, `width`, `first_step`, `last_step`, `steps`, and for
+    reward_raw and reward_norm the mean, `_low` (min) and `_high` (max), NULL when not logged."""
+    stats = ", ".join(f"avg({c}) AS {c}, min({c}) AS {c}_low, max({c}) AS {c}_high"
+                      for c in ("reward_raw", "reward_norm"))
+    return reader.sql(
+        f"""
+        WITH rows AS (SELECT rollout_id, step_index, reward_raw, reward_norm FROM prm_steps WHERE {of_rollouts()}),
+             width AS (SELECT greatest(1, ceil((max(step_index) + 1) / $bins))::BIGINT AS w FROM rows)
+        SELECT rollout_id, step_index // w AS bin, any_value(w) AS width, min(step_index) AS first_step,
+               max(step_index) AS last_step, count(*) AS steps, {stats}
+        FROM rows, width GROUP BY rollout_id, bin ORDER BY rollout_id, bin
+        """,
+        rollouts_of_step(run, step, rollout_ids, bins=bins),
+    )
+
+
 def critic_tokens(reader, run: str, step: int, rollout_ids: tuple[int, ...]) -> pd.DataFrame:
     """Tokens of some rollouts with the logged advantage and, for runs with a critic, value, return and the KL part
     of the reward (NULL otherwise)."""

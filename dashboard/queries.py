@@ -130,6 +130,11 @@ def prm_steps(logs_dir: str, run: str, step: int, rollout_ids: tuple[int, ...]) 
 
 
 @st.cache_data(ttl=STEP_TTL, show_spinner=False)
+def prm_step_bins(logs_dir: str, run: str, step: int, rollout_ids: tuple[int, ...], bins: int) -> pd.DataFrame:
+    return data.prm_step_bins(get_reader(logs_dir), run, step, rollout_ids, bins)
+
+
+@st.cache_data(ttl=STEP_TTL, show_spinner=False)
 def critic_tokens(logs_dir: str, run: str, step: int, rollout_ids: tuple[int, ...]) -> pd.DataFrame:
     return data.critic_tokens(get_reader(logs_dir), run, step, rollout_ids)
 

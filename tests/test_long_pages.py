@@ -217,3 +217,33 @@ def test_groups_and_replay_receive_previews_and_search_the_whole_text(logs, monk
     assert not replay.exception
     shown = next(t.value for t in replay.table if "completion" in t.value.columns)["completion"]
     assert len(shown) == 3 and not any("needle" in str(c) for c in shown)  # the group's previews only
+
+
+def test_prm_step_rewards_of_a_long_group_arrive_in_bins_of_steps(logs, monkeypatch):
+    """100 + 24 + 1 reasoning steps in a group of 3: 240 // 3 = 80 bars a completion at most, so bins of 2 steps."""
+    steps = independent(logs, "prm_steps", "WHERE run = ? AND step = 0 ORDER BY rollout_id, step_index", [RUN])
+    expected = steps.groupby([steps["rollout_id"], steps["step_index"] // 2])
+    at = open_page(logs, "prm_steps", monkeypatch, run=RUN, step=0, rollout=0)
+    spec = plotly_spec(at, "group_step_rewards")
+    for axis, column in (("x", "reward_raw"), ("x2", "reward_norm")):
+        bars = [t for t in spec["data"] if t.get("xaxis", "x") == axis]
+        assert [t["name"] for t in bars] == ["#0", "#1", "#2"]
+        assert sum(len(array(t["y"])) for t in bars) == 50 + 12 + 1  # not 125: never more bars than the panel holds
+        np.testing.assert_allclose(np.concatenate([array(t["y"]) for t in bars]), expected[column].mean(), rtol=1e-9)
+        np.testing.assert_allclose(np.concatenate([array(t["x"]) for t in bars]),
+                                   (expected["step_index"].min() + expected["step_index"].max()) / 2)
+        # first step, last step, min, max on hover
+        edges = np.concatenate([array(t["customdata"]).reshape(-1, 4) for t in bars])
+        np.testing.assert_allclose(edges[:, 2], expected[column].min(), rtol=1e-12)
+        np.testing.assert_allclose(edges[:, 3], expected[column].max(), rtol=1e-12)
+
+
+def test_prm_step_bins_of_completions_that_fit_are_the_steps_as_logged(logs):
+    from engine.runlog import RunReader
+
+    steps = independent(logs, "prm_steps", "WHERE run = ? AND step = 0 ORDER BY rollout_id, step_index", [RUN])
+    shown = data.prm_step_bins(RunReader(logs), RUN, 0, (0, 1, 2), 100)  # 100 steps at most: one bin each
+    assert (shown["width"] == 1).all() and (shown["first_step"] == shown["last_step"]).all()
+    assert shown["first_step"].tolist() == steps["step_index"].tolist()
+    np.testing.assert_allclose(shown["reward_raw"], steps["reward_raw"], rtol=1e-12)
+    assert len(data.prm_step_bins(RunReader(logs), RUN, 0, (0,), 7)) == 7  # 100 steps in bins of 15
