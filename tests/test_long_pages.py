@@ -247,3 +247,33 @@ def test_prm_step_bins_of_completions_that_fit_are_the_steps_as_logged(logs):
     assert shown["first_step"].tolist() == steps["step_index"].tolist()
     np.testing.assert_allclose(shown["reward_raw"], steps["reward_raw"], rtol=1e-12)
     assert len(data.prm_step_bins(RunReader(logs), RUN, 0, (0,), 7)) == 7  # 100 steps in bins of 15
+
+
+def test_binned_columns_average_the_tokens_of_each_bin_and_skip_padding():
+    nan = np.nan
+    weights = np.array([[1.0, 2.0, 3.0, 4.0, 5.0], [-1.0, 3.0, nan, nan, nan], [nan] * 5])
+    means, centres, width = recompute.binned_columns(weights, 2)  # width 3: tokens 0-2 and 3-4
+    assert width == 3 and centres.tolist() == [1.0, 3.5]
+    np.testing.assert_array_equal(means, [[2.0, 4.5], [1.0, nan], [nan, nan]])
+    same, centres, width = recompute.binned_columns(weights, 5)  # fits: the tokens as they are
+    assert width == 1 and centres.tolist() == [0, 1, 2, 3, 4]
+    np.testing.assert_array_equal(same, weights)
+
+
+def test_weighting_heatmaps_of_a_long_group_are_binned_to_the_panel(logs, monkeypatch):
+    """5,000 tokens in a third of the screen bins (333): bins of 16 tokens, 313 columns, each the mean weight of its
+    tokens (the per-token weights from `recompute.weigh`, binned here with pandas)."""
+    from engine.runlog import RunReader
+
+    at = open_page(logs, "algorithm_weighting", monkeypatch, run=RUN, step=0, group=0)
+    assert not at.exception
+    heatmap = plotly_spec(at, "weight_heatmaps")["data"][0]  # the registry's first: GRPO
+    tokens = data.tokens_at_update(RunReader(logs), RUN, 0, (0, 1, 2), -1)
+    weights = recompute.weigh(recompute.batch_from_tokens(tokens), "grpo", {}).grad_weight  # (3, 5000), NaN padded
+    rows, positions = np.nonzero(np.isfinite(weights))
+    expected = pd.Series(weights[rows, positions]).groupby([rows, positions // 16]).mean()
+    shown = array(heatmap["z"]).reshape(3, -1)
+    assert shown.shape == (3, 313)
+    np.testing.assert_allclose(shown[np.isfinite(shown)], expected.to_numpy(), rtol=1e-9)
+    assert np.isfinite(shown).sum(axis=1).tolist() == [313, 75, 2]  # 5,000, 1,200 and 20 tokens
+    np.testing.assert_allclose(array(heatmap["x"]), [*(np.arange(312) * 16 + 7.5), (4992 + 4999) / 2])
