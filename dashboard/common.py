@@ -318,8 +318,8 @@ def train_groups(selection: Selection):
     from dashboard import queries
 
     summary = load("the groups", queries.group_summary, selection.logs_dir, selection.run, selection.step)
-    rollouts = load("the rollouts", queries.step_rollout_previews, selection.logs_dir, selection.run, selection.step,
-                    "train")  # completions as previews: no page of groups draws a whole one
+    rollouts = load("the rollouts", queries.step_rollout_numbers, selection.logs_dir, selection.run, selection.step,
+                    "train")  # without their texts: no page that picks a group draws its completions
     rollouts = rollouts[rollouts["rollout_id"].notna()]  # without an id a rollout's tokens cannot be found
     summary = summary[summary["group_id"].notna()]  # rollouts logged without a group_id still count for the whole step
     if rollouts.empty:

@@ -217,6 +217,33 @@ def step_rollout_previews(reader, run: str, step: int, kind: str | None = None,
     )
 
 
+def rollout_previews(reader, run: str, step: int, rollout_ids: tuple[int, ...],
+                     chars: int = COMPLETION_PREVIEW_CHARS) -> pd.DataFrame:
+    """`step_rollout_previews` of some rollouts of a step (a group): only their row groups are read."""
+    return reader.sql(
+        f"""SELECT * REPLACE (left(completion, $chars) AS completion), length(completion) AS completion_chars
+            FROM (SELECT {ROLLOUT_COLUMNS} FROM rollouts WHERE {of_rollouts()})
+            ORDER BY kind DESC, group_id, index_in_group""",
+        rollouts_of_step(run, step, rollout_ids, chars=chars),
+    )
+
+
+# `ROLLOUT_COLUMNS` without the texts (prompt, completion, answer, reward components).
+ROLLOUT_NUMBERS = """rollout_id, group_id, index_in_group, kind, prompt_id, reward, reward_correct, reward_process,
+    reward_length, advantage, length, truncated, filtered, filter_reason"""
+
+
+def step_rollout_numbers(reader, run: str, step: int, kind: str | None = None) -> pd.DataFrame:
+    """`step_rollouts` without their texts (`ROLLOUT_NUMBERS`): what a step's distributions, group pickers and
+    objectives need. A reasoning run's step holds ~15 MB of completions, which DuckDB then never decompresses
+    (long shape, 256 completions of 2k-16k tokens: 0.85 s with previews, 0.07 s without, on a loaded machine)."""
+    return reader.sql(
+        f"""SELECT {ROLLOUT_NUMBERS} FROM rollouts WHERE run = $run AND step = $step AND ($kind IS NULL OR kind = $kind)
+            ORDER BY kind DESC, group_id, index_in_group""",
+        {"run": run, "step": step, "kind": kind},
+    )
+
+
 def groups_matching(reader, run: str, step: int, text: str) -> list:
     """The train groups of a step with `text` in the prompt or a completion (case-insensitive), searched in the
     whole texts by DuckDB (the page holds only their previews)."""

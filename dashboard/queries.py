@@ -83,6 +83,16 @@ def groups_matching(logs_dir: str, run: str, step: int, text: str) -> list:
 
 
 @st.cache_data(ttl=STEP_TTL, show_spinner=False)
+def rollout_previews(logs_dir: str, run: str, step: int, rollout_ids: tuple[int, ...]) -> pd.DataFrame:
+    return data.rollout_previews(get_reader(logs_dir), run, step, rollout_ids)
+
+
+@st.cache_data(ttl=STEP_TTL, show_spinner=False)
+def step_rollout_numbers(logs_dir: str, run: str, step: int, kind: str | None = None) -> pd.DataFrame:
+    return data.step_rollout_numbers(get_reader(logs_dir), run, step, kind)
+
+
+@st.cache_data(ttl=STEP_TTL, show_spinner=False)
 def group_summary(logs_dir: str, run: str, step: int) -> pd.DataFrame:
     return data.group_summary(get_reader(logs_dir), run, step)
 

@@ -277,3 +277,23 @@ def test_weighting_heatmaps_of_a_long_group_are_binned_to_the_panel(logs, monkey
     np.testing.assert_allclose(shown[np.isfinite(shown)], expected.to_numpy(), rtol=1e-9)
     assert np.isfinite(shown).sum(axis=1).tolist() == [313, 75, 2]  # 5,000, 1,200 and 20 tokens
     np.testing.assert_allclose(array(heatmap["x"]), [*(np.arange(312) * 16 + 7.5), (4992 + 4999) / 2])
+
+
+def test_replay_step_move_reads_the_new_step_only_and_no_text_but_the_groups(logs, monkeypatch):
+    """Moving the step asks DuckDB for that step's numbers, groups and the shown group's previews: no completion
+    text of the other groups (a reasoning step holds ~15 MB of it), and nothing that does not depend on the step."""
+    import streamlit as st
+
+    st.cache_data.clear()  # other tests may have visited step 1 already
+    at = open_page(logs, "replay", monkeypatch, run=RUN, step=0)
+    asked = []
+    for name in ("step_rollouts", "step_rollout_previews", "step_rollout_numbers", "rollout_previews",
+                 "group_summary", "run_steps", "eval_prompts", "eval_prompt_history", "eval_prompt_across_runs"):
+        original = getattr(data, name)
+        monkeypatch.setattr(data, name, lambda *a, _f=original, _n=name, **k: asked.append((_n, a[2:])) or _f(*a, **k))
+    at.select_slider(key="replay_step").set_value(1).run()
+    assert not at.exception
+    # (the run logged no eval rollouts: its eval section asks nothing more)
+    assert sorted(asked) == [("group_summary", (1,)), ("rollout_previews", (1, (0, 1, 2))),
+                             ("step_rollout_numbers", (1, "train"))]
+    assert len(next(t.value for t in at.table if "completion" in t.value.columns)) == 3  # the group's table
