@@ -313,8 +313,8 @@ def page_of(container, frame: pd.DataFrame, rows: int, key: str) -> pd.DataFrame
 
 
 def train_groups(selection: Selection):
-    """(group summary, train rollouts) of the selected step (dashboard.queries), or stop the page saying there are
-    none."""
+    """(group summary, train rollouts without their texts: `data.ROLLOUT_NUMBERS`) of the selected step
+    (dashboard.queries), or stop the page saying there are none."""
     from dashboard import queries
 
     summary = load("the groups", queries.group_summary, selection.logs_dir, selection.run, selection.step)
