@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import streamlit as st
 
-from dashboard import charts, common, queries
+from dashboard import charts, common, data, queries
 
 SPEEDS = {"0.5 steps/s": 2.0, "1 step/s": 1.0, "2 steps/s": 0.5, "4 steps/s": 0.25}
 
@@ -62,7 +62,7 @@ def replay_panel() -> None:
         st.caption(f"group {common.md(group.group_id)}: {common.md(group.prompt)}  ·  reward mean "
                    f"{common.number(group.reward_mean, '.3f')}, std {common.number(group.reward_std, '.3f')} · "
                    f"{group.outcome}")
-        ids = tuple(int(r) for r in train.loc[train["group_id"] == group.group_id, "rollout_id"].dropna())
+        ids = tuple(int(r) for r in data.group_members(train, group.group_id)["rollout_id"].dropna())
         members = common.load("the group's completions", queries.rollout_previews, logs, run, step, ids)
         common.static_table(
             st, members[["index_in_group", "completion", "reward", "advantage", "length", "truncated", "filtered"]])
