@@ -289,7 +289,9 @@ def test_replay_step_move_reads_the_new_step_only_and_no_text_but_the_groups(log
     asked = []
     for name in ("step_rollouts", "step_rollout_previews", "step_rollout_numbers", "rollout_previews",
                  "group_summary", "run_steps", "eval_prompts", "eval_prompt_history", "eval_prompt_across_runs"):
-        original = getattr(data, name)
+        original = getattr(data, name, None)
+        if original is None:  # a query the data layer does not have is not watched
+            continue
         monkeypatch.setattr(data, name, lambda *a, _f=original, _n=name, **k: asked.append((_n, a[2:])) or _f(*a, **k))
     at.select_slider(key="replay_step").set_value(1).run()
     assert not at.exception
