@@ -15,6 +15,7 @@ it in (the same files as `log_step` step by step, each row encoded once). Then:
 - pages: every page rendered with streamlit's AppTest, median of `--repeat`:
   cold = the page's query results not cached (first look at a step: `st.cache_data` cleared), new reader = also a
   new DuckDB connection (Parquet footers read again), warm = the same page again (a widget interaction);
+  sent = the kilobytes of the page's elements as the server sends them to the browser;
 - the benchmark process's peak resident memory (it is the dashboard server here);
 - with `--runs N`: N small runs in a second logs folder, `policylens runs` timed as a command, and the reader's
   refresh when nothing changed (what the live view pays every poll).
@@ -286,7 +287,18 @@ def time_reruns(at, repeat: int) -> dict[str, float]:
             if label != "new reader":
                 times[f"{label} cpu"].append(cpu_seconds() - cpu)
             assert not at.exception, [e.message for e in at.exception]
-    return {label: statistics.median(values) for label, values in times.items()}
+    return {**{label: statistics.median(values) for label, values in times.items()}, "sent": sent_kb(at)}
+
+
+def sent_kb(at) -> float:
+    """Kilobytes of the page's elements as the server sends them to the browser (their protobuf messages: figures,
+    tables, text), what the transfer and the browser's drawing grow with."""
+    def size(node) -> int:
+        proto = getattr(node, "proto", None)
+        own = len(proto.SerializeToString()) if hasattr(proto, "SerializeToString") else 0
+        return own + sum(size(child) for child in getattr(node, "children", {}).values())
+
+    return size(at._tree) / 1000
 
 
 def longest_rollout(logs_dir: Path, run: str) -> tuple[int, int, int]:
@@ -337,7 +349,7 @@ def time_pages(logs_dir: Path, run: str, step: int, repeat: int, pages: list[str
         at.select_slider(key="replay_step").set_value(target).run()
         assert not at.exception, [e.message for e in at.exception]
         rows.append({"page": label, "new reader": math.nan, "cold": time.perf_counter() - started, "warm": math.nan,
-                     "cold cpu": cpu_seconds() - cpu, "warm cpu": math.nan})
+                     "cold cpu": cpu_seconds() - cpu, "warm cpu": math.nan, "sent": sent_kb(at)})
     # The Token inspector on the run's longest completion, then moving its window (each window a new query).
     at.query_params["step"], at.query_params["rollout"] = token_step, rollout
     at.switch_page("app_pages/token_inspector.py").run()
@@ -350,7 +362,7 @@ def time_pages(logs_dir: Path, run: str, step: int, repeat: int, pages: list[str
             moves.append(time.perf_counter() - started)
             assert not at.exception, [e.message for e in at.exception]
         rows.append({"page": "tokens, move window", "new reader": math.nan, "cold": statistics.median(moves),
-                     "warm": math.nan, "cold cpu": math.nan, "warm cpu": math.nan})
+                     "warm": math.nan, "cold cpu": math.nan, "warm cpu": math.nan, "sent": sent_kb(at)})
     return rows
 
 
@@ -514,11 +526,12 @@ def main(argv: list[str] | None = None) -> int:
             print(f"  {name:<40} {seconds * 1000:8.1f} ms {cpu * 1000:8.1f} ms")
     if not args.skip_pages:
         print(f"\npage render at step {(args.steps - 1) // 2}, server time (AppTest, median of {args.repeat}):")
-        print(f"  {'page':<26} {'new reader':>10} {'cold (s)':>9} {'warm (s)':>9} {'cold cpu':>9} {'warm cpu':>9}")
+        print(f"  {'page':<26} {'new reader':>10} {'cold (s)':>9} {'warm (s)':>9} {'cold cpu':>9} {'warm cpu':>9} "
+              f"{'sent (kB)':>9}")
         step = (args.steps - 1) // 2
         for row in time_pages(run_dir_logs, run, step, args.repeat, args.pages.split(",")):
             print(f"  {row['page']:<26} {row['new reader']:10.3f} {row['cold']:9.3f} {row['warm']:9.3f} "
-                  f"{row['cold cpu']:9.3f} {row['warm cpu']:9.3f}")
+                  f"{row['cold cpu']:9.3f} {row['warm cpu']:9.3f} {row['sent']:9.0f}")
     print(f"\npeak resident memory of this process (the dashboard server): {peak_rss_mb():.0f} MB")
     return 0
 

@@ -119,19 +119,30 @@ def prm_advantage_line(bins: pd.DataFrame, prm_steps: pd.DataFrame, tokens: pd.D
     }, _validate=False)
 
 
-def group_step_rewards(prm_steps: pd.DataFrame) -> go.Figure:
+def group_step_rewards(step_bins: pd.DataFrame) -> go.Figure:
     """All G completions' step rewards of one group: raw and normalized, one colour per completion (raw only for a
-    run trained with outcome supervision, which logs no normalized step rewards)."""
-    columns = ["reward_raw", "reward_norm"] if prm_steps["reward_norm"].notna().any() else ["reward_raw"]
+    run trained with outcome supervision, which logs no normalized step rewards).
+
+    step_bins: `dashboard.data.prm_step_bins` with a `completion` label: a bar per bin of steps at its centre, its
+    min..max on hover when a bin holds more than one step (a bar per step otherwise)."""
+    columns = ["reward_raw", "reward_norm"] if step_bins["reward_norm"].notna().any() else ["reward_raw"]
     titles = {"reward_raw": "raw step reward", "reward_norm": "normalized over the group"}
     grid = Subplots(1, len(columns), [titles[c] for c in columns], vspace=0)
-    for i, (label, frame) in enumerate(prm_steps.groupby("completion", sort=True)):
+    several = bool((step_bins["last_step"] > step_bins["first_step"]).any())
+    for i, (label, frame) in enumerate(step_bins.groupby("completion", sort=True)):
         colour = PALETTE[i % len(PALETTE)]
+        first, last = frame["first_step"].to_numpy(), frame["last_step"].to_numpy()
         for panel, col in enumerate(columns):
-            grid.add(panel, {"type": "bar", "x": frame["step_index"].to_numpy(), "y": frame[col].to_numpy(dtype=float),
-                             "name": str(label), "legendgroup": str(label), "showlegend": panel == 0,
-                             "marker": {"color": colour}})
-    steps = int(prm_steps["step_index"].max()) + 1 if len(prm_steps) else 1
+            bars = {"type": "bar", "x": (first + last) / 2, "y": frame[col].to_numpy(dtype=float),
+                    "name": str(label), "legendgroup": str(label), "showlegend": panel == 0,
+                    "marker": {"color": colour}}
+            if several:
+                bars.update(customdata=np.stack([first, last, frame[f"{col}_low"].to_numpy(dtype=float),
+                                                 frame[f"{col}_high"].to_numpy(dtype=float)], axis=-1),
+                            hovertemplate="steps %{customdata[0]}–%{customdata[1]}: mean %{y:.4g}, min "
+                            "%{customdata[2]:.4g}, max %{customdata[3]:.4g}<extra>" + str(label) + "</extra>")
+            grid.add(panel, bars)
+    steps = int(step_bins["last_step"].max()) + 1 if len(step_bins) else 1
     for panel in range(len(columns)):  # a tick per step up to 40 steps (a 16k-token completion has ~300)
         grid.axis(panel, "x").update(title={"text": "step"}, dtick=position_tick_step(steps))
     return grid.figure(height=280, barmode="group", margin={"l": 40, "r": 10, "t": 40, "b": 40})

@@ -301,9 +301,12 @@ def zero_line() -> dict:
 
 
 def weight_heatmaps(weights: dict[str, np.ndarray], row_labels: list[str], centre: float = 0.0,
-                    label: str = "grad weight") -> go.Figure:
+                    label: str = "grad weight", positions: np.ndarray | None = None, bin_width: int = 1
+                    ) -> go.Figure:
     """Side-by-side heatmaps of a weight (B, T) per algorithm or correction on one shared scale centred at
-    `centre` (0 for gradient weights, 1 for IS weights and masks)."""
+    `centre` (0 for gradient weights, 1 for IS weights and masks). Long completions come binned
+    (`dashboard.recompute.binned_columns`): `positions`, the centre of each column's bin of `bin_width` tokens."""
+    where = "token %{x}" if bin_width == 1 else f"tokens %{{x}} ± {(bin_width - 1) / 2:g} (mean of the bin)"
     names = list(weights)
     rows, cols = _grid(len(names), cols=3)
     finite = np.concatenate([w[np.isfinite(w)].ravel() for w in weights.values()] or [np.zeros(1)])
@@ -316,9 +319,10 @@ def weight_heatmaps(weights: dict[str, np.ndarray], row_labels: list[str], centr
         # NaN (padding) travels as NaN in plotly's binary arrays and leaves the cell blank.
         grid.add(i, {
             "type": "heatmap", "z": np.asarray(weights[name], dtype=float), "y": row_labels,
+            **({} if positions is None else {"x": positions}),
             "colorscale": _scale("RdBu"), "zmid": centre, "zmin": centre - spread, "zmax": centre + spread,
             "showscale": i == 0, "colorbar": {"title": {"text": label, "side": "right"}, "len": 0.8},
-            "hovertemplate": _name(name) + "<br>%{y} token %{x}<br>weight %{z:.3g}<extra></extra>",
+            "hovertemplate": _name(name) + f"<br>%{{y}} {where}<br>weight %{{z:.3g}}<extra></extra>",
         })
         grid.axis(i, "y").update(autorange="reversed", tickfont={"size": 10}, automargin=True,
                                  showticklabels=i % cols == 0)

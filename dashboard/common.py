@@ -313,13 +313,13 @@ def page_of(container, frame: pd.DataFrame, rows: int, key: str) -> pd.DataFrame
 
 
 def train_groups(selection: Selection):
-    """(group summary, train rollouts) of the selected step (dashboard.queries), or stop the page saying there are
-    none."""
+    """(group summary, train rollouts without their texts: `data.ROLLOUT_NUMBERS`) of the selected step
+    (dashboard.queries), or stop the page saying there are none."""
     from dashboard import queries
 
     summary = load("the groups", queries.group_summary, selection.logs_dir, selection.run, selection.step)
-    rollouts = load("the rollouts", queries.step_rollout_previews, selection.logs_dir, selection.run, selection.step,
-                    "train")  # completions as previews: no page of groups draws a whole one
+    rollouts = load("the rollouts", queries.step_rollout_numbers, selection.logs_dir, selection.run, selection.step,
+                    "train")  # without their texts: no page that picks a group draws its completions
     rollouts = rollouts[rollouts["rollout_id"].notna()]  # without an id a rollout's tokens cannot be found
     summary = summary[summary["group_id"].notna()]  # rollouts logged without a group_id still count for the whole step
     if rollouts.empty:

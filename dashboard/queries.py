@@ -83,6 +83,16 @@ def groups_matching(logs_dir: str, run: str, step: int, text: str) -> list:
 
 
 @st.cache_data(ttl=STEP_TTL, show_spinner=False)
+def rollout_previews(logs_dir: str, run: str, step: int, rollout_ids: tuple[int, ...]) -> pd.DataFrame:
+    return data.rollout_previews(get_reader(logs_dir), run, step, rollout_ids)
+
+
+@st.cache_data(ttl=STEP_TTL, show_spinner=False)
+def step_rollout_numbers(logs_dir: str, run: str, step: int, kind: str | None = None) -> pd.DataFrame:
+    return data.step_rollout_numbers(get_reader(logs_dir), run, step, kind)
+
+
+@st.cache_data(ttl=STEP_TTL, show_spinner=False)
 def group_summary(logs_dir: str, run: str, step: int) -> pd.DataFrame:
     return data.group_summary(get_reader(logs_dir), run, step)
 
@@ -127,6 +137,11 @@ def rollout_token_bins(logs_dir: str, run: str, step: int, rollout_id: int, pass
 @st.cache_data(ttl=STEP_TTL, show_spinner=False)
 def prm_steps(logs_dir: str, run: str, step: int, rollout_ids: tuple[int, ...]) -> pd.DataFrame:
     return data.prm_steps(get_reader(logs_dir), run, step, rollout_ids)
+
+
+@st.cache_data(ttl=STEP_TTL, show_spinner=False)
+def prm_step_bins(logs_dir: str, run: str, step: int, rollout_ids: tuple[int, ...], bins: int) -> pd.DataFrame:
+    return data.prm_step_bins(get_reader(logs_dir), run, step, rollout_ids, bins)
 
 
 @st.cache_data(ttl=STEP_TTL, show_spinner=False)

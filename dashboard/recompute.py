@@ -27,7 +27,7 @@ if TYPE_CHECKING:
     from engine.logrows import LoggedBatch
 
 __all__ = ["IMPOSSIBLE", "KNOBS", "SCHEMES", "CorrectionEffect", "Weighting", "advantage_schemes", "author_knobs",
-           "batch_from_tokens", "binned", "clip_fraction_row", "clip_region", "correction_effects",
+           "batch_from_tokens", "binned", "binned_columns", "clip_fraction_row", "clip_region", "correction_effects",
            "correction_table", "process_sandbox", "weigh", "weight_curves", "whitened"]
 
 KNOBS = ("eps_low", "eps_high", "beta")
@@ -179,6 +179,24 @@ def binned(values: np.ndarray, width: int) -> dict[str, np.ndarray]:
     counts = np.minimum(width, len(values) - starts)
     return {"first_pos": starts, "last_pos": starts + counts - 1, "value": np.add.reduceat(values, starts) / counts,
             "low": np.minimum.reduceat(values, starts), "high": np.maximum.reduceat(values, starts)}
+
+
+def binned_columns(matrix: np.ndarray, bins: int) -> tuple[np.ndarray, np.ndarray, int]:
+    """A per-token matrix (B, T) (NaN: padding past a completion's end) in bins of `width` = ceil(T / bins)
+    consecutive positions, one width for every row (1 when T <= bins), so a heatmap of 16k-token completions has no
+    more columns than its panel has pixels: (the mean of each bin's tokens (B, ceil(T / width)), NaN where it holds
+    only padding; the bins' centre positions (ceil(T / width),); width)."""
+    rows, length = matrix.shape
+    width = max(1, math.ceil(length / bins))
+    count = math.ceil(length / width)
+    padded = np.full((rows, count * width), np.nan)
+    padded[:, :length] = matrix
+    cells = padded.reshape(rows, count, width)  # (B, bins, width)
+    tokens = np.isfinite(cells).sum(axis=-1)
+    sums = np.where(np.isfinite(cells), cells, 0.0).sum(axis=-1)
+    means = np.divide(sums, tokens, out=np.full(sums.shape, np.nan), where=tokens > 0)
+    starts = np.arange(count) * width
+    return means, (starts + np.minimum(starts + width, length) - 1) / 2, width
 
 
 # The PPO schemes: the logged column of `dashboard.data.critic_token_bins` each one draws.

@@ -217,3 +217,85 @@ def test_groups_and_replay_receive_previews_and_search_the_whole_text(logs, monk
     assert not replay.exception
     shown = next(t.value for t in replay.table if "completion" in t.value.columns)["completion"]
     assert len(shown) == 3 and not any("needle" in str(c) for c in shown)  # the group's previews only
+
+
+def test_prm_step_rewards_of_a_long_group_arrive_in_bins_of_steps(logs, monkeypatch):
+    """100 + 24 + 1 reasoning steps in a group of 3: 240 // 3 = 80 bars a completion at most, so bins of 2 steps."""
+    steps = independent(logs, "prm_steps", "WHERE run = ? AND step = 0 ORDER BY rollout_id, step_index", [RUN])
+    expected = steps.groupby([steps["rollout_id"], steps["step_index"] // 2])
+    at = open_page(logs, "prm_steps", monkeypatch, run=RUN, step=0, rollout=0)
+    spec = plotly_spec(at, "group_step_rewards")
+    for axis, column in (("x", "reward_raw"), ("x2", "reward_norm")):
+        bars = [t for t in spec["data"] if t.get("xaxis", "x") == axis]
+        assert [t["name"] for t in bars] == ["#0", "#1", "#2"]
+        assert sum(len(array(t["y"])) for t in bars) == 50 + 12 + 1  # not 125: never more bars than the panel holds
+        np.testing.assert_allclose(np.concatenate([array(t["y"]) for t in bars]), expected[column].mean(), rtol=1e-9)
+        np.testing.assert_allclose(np.concatenate([array(t["x"]) for t in bars]),
+                                   (expected["step_index"].min() + expected["step_index"].max()) / 2)
+        # first step, last step, min, max on hover
+        edges = np.concatenate([array(t["customdata"]).reshape(-1, 4) for t in bars])
+        np.testing.assert_allclose(edges[:, 2], expected[column].min(), rtol=1e-12)
+        np.testing.assert_allclose(edges[:, 3], expected[column].max(), rtol=1e-12)
+
+
+def test_prm_step_bins_of_completions_that_fit_are_the_steps_as_logged(logs):
+    from engine.runlog import RunReader
+
+    steps = independent(logs, "prm_steps", "WHERE run = ? AND step = 0 ORDER BY rollout_id, step_index", [RUN])
+    shown = data.prm_step_bins(RunReader(logs), RUN, 0, (0, 1, 2), 100)  # 100 steps at most: one bin each
+    assert (shown["width"] == 1).all() and (shown["first_step"] == shown["last_step"]).all()
+    assert shown["first_step"].tolist() == steps["step_index"].tolist()
+    np.testing.assert_allclose(shown["reward_raw"], steps["reward_raw"], rtol=1e-12)
+    assert len(data.prm_step_bins(RunReader(logs), RUN, 0, (0,), 7)) == 7  # 100 steps in bins of 15
+
+
+def test_binned_columns_average_the_tokens_of_each_bin_and_skip_padding():
+    nan = np.nan
+    weights = np.array([[1.0, 2.0, 3.0, 4.0, 5.0], [-1.0, 3.0, nan, nan, nan], [nan] * 5])
+    means, centres, width = recompute.binned_columns(weights, 2)  # width 3: tokens 0-2 and 3-4
+    assert width == 3 and centres.tolist() == [1.0, 3.5]
+    np.testing.assert_array_equal(means, [[2.0, 4.5], [1.0, nan], [nan, nan]])
+    same, centres, width = recompute.binned_columns(weights, 5)  # fits: the tokens as they are
+    assert width == 1 and centres.tolist() == [0, 1, 2, 3, 4]
+    np.testing.assert_array_equal(same, weights)
+
+
+def test_weighting_heatmaps_of_a_long_group_are_binned_to_the_panel(logs, monkeypatch):
+    """5,000 tokens in a third of the screen bins (333): bins of 16 tokens, 313 columns, each the mean weight of its
+    tokens (the per-token weights from `recompute.weigh`, binned here with pandas)."""
+    from engine.runlog import RunReader
+
+    at = open_page(logs, "algorithm_weighting", monkeypatch, run=RUN, step=0, group=0)
+    assert not at.exception
+    heatmap = plotly_spec(at, "weight_heatmaps")["data"][0]  # the registry's first: GRPO
+    tokens = data.tokens_at_update(RunReader(logs), RUN, 0, (0, 1, 2), -1)
+    weights = recompute.weigh(recompute.batch_from_tokens(tokens), "grpo", {}).grad_weight  # (3, 5000), NaN padded
+    rows, positions = np.nonzero(np.isfinite(weights))
+    expected = pd.Series(weights[rows, positions]).groupby([rows, positions // 16]).mean()
+    shown = array(heatmap["z"]).reshape(3, -1)
+    assert shown.shape == (3, 313)
+    np.testing.assert_allclose(shown[np.isfinite(shown)], expected.to_numpy(), rtol=1e-9)
+    assert np.isfinite(shown).sum(axis=1).tolist() == [313, 75, 2]  # 5,000, 1,200 and 20 tokens
+    np.testing.assert_allclose(array(heatmap["x"]), [*(np.arange(312) * 16 + 7.5), (4992 + 4999) / 2])
+
+
+def test_replay_step_move_reads_the_new_step_only_and_no_text_but_the_groups(logs, monkeypatch):
+    """Moving the step asks DuckDB for that step's numbers, groups and the shown group's previews: no completion
+    text of the other groups (a reasoning step holds ~15 MB of it), and nothing that does not depend on the step."""
+    import streamlit as st
+
+    st.cache_data.clear()  # other tests may have visited step 1 already
+    at = open_page(logs, "replay", monkeypatch, run=RUN, step=0)
+    asked = []
+    for name in ("step_rollouts", "step_rollout_previews", "step_rollout_numbers", "rollout_previews",
+                 "group_summary", "run_steps", "eval_prompts", "eval_prompt_history", "eval_prompt_across_runs"):
+        original = getattr(data, name, None)
+        if original is None:  # a query the data layer does not have is not watched
+            continue
+        monkeypatch.setattr(data, name, lambda *a, _f=original, _n=name, **k: asked.append((_n, a[2:])) or _f(*a, **k))
+    at.select_slider(key="replay_step").set_value(1).run()
+    assert not at.exception
+    # (the run logged no eval rollouts: its eval section asks nothing more)
+    assert sorted(asked) == [("group_summary", (1,)), ("rollout_previews", (1, (0, 1, 2))),
+                             ("step_rollout_numbers", (1, "train"))]
+    assert len(next(t.value for t in at.table if "completion" in t.value.columns)) == 3  # the group's table

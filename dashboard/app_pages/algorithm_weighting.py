@@ -137,8 +137,12 @@ st.subheader("Gradient weight per token")
 shown_rows = slice(0, MAX_HEATMAP_ROWS)  # more rows than this are unreadable and slow to ship to the browser
 if len(labels) > MAX_HEATMAP_ROWS:
     st.caption(f"The first {MAX_HEATMAP_ROWS} of {len(labels)} completions; totals and clip fractions use all.")
-st.plotly_chart(charts.weight_heatmaps({a: w.grad_weight[shown_rows] for a, w in results.items()},
-                                       labels[shown_rows]), key="weight_heatmaps")
+# Three panels a row: a third of the page's screen bins each (a 16k-token completion: bins of ~50 tokens).
+heatmap_bins = {a: recompute.binned_columns(w.grad_weight[shown_rows], common.SCREEN_BINS // 3)
+                for a, w in results.items()}
+_, positions, width = next(iter(heatmap_bins.values()))
+st.plotly_chart(charts.weight_heatmaps({a: means for a, (means, _, _) in heatmap_bins.items()}, labels[shown_rows],
+                                       positions=positions, bin_width=width), key="weight_heatmaps")
 
 left, right = st.columns(2)
 totals = pd.DataFrame([  # length: the tokens the objective saw (the logged `length` column may be left out)

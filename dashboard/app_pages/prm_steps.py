@@ -23,6 +23,9 @@ WORKED_EXAMPLE = pd.DataFrame(
 STEP_COLUMNS = 3
 STEPS_PER_PAGE = 40  # reasoning steps of the text drawn at once
 TABLE_ROWS = 200  # rows of the group's step table sent at once
+# Bars of the group's step rewards per panel: a half-width panel (~650 px) holds about this many bars with gaps
+# (a 16k-token completion has ~300 steps: with G = 16 that is ~5,000 bars unbinned).
+STEP_REWARD_BARS = 240
 
 selection = common.require_selection()
 logs, run, step = selection.logs_dir, selection.run, selection.step
@@ -89,9 +92,13 @@ def logged_view() -> None:
                                common.SCREEN_BINS)
             st.plotly_chart(advantage_charts.prm_advantage_line(bins, own, tokens), key="prm_advantage_line")
     st.markdown(f"**All {len(group)} completions of group {common.md(rollout.group_id)}: step rewards**")
-    index_of = dict(zip(group["rollout_id"], group["index_in_group"], strict=True))
-    labelled = steps.assign(completion=steps["rollout_id"].map(lambda r: f"#{common.plain(index_of[r])}"))
-    st.plotly_chart(advantage_charts.group_step_rewards(labelled), key="group_step_rewards")
+    label = {r: f"#{common.plain(i)}" for r, i in zip(group["rollout_id"], group["index_in_group"], strict=True)}
+    # G bars a bin: the bins of steps widen as the group grows, so a panel holds at most STEP_REWARD_BARS bars.
+    step_bins = common.load("the step rewards", queries.prm_step_bins, logs, run, step, group_ids,
+                            max(1, STEP_REWARD_BARS // len(group)))
+    step_bins = step_bins.assign(completion=step_bins["rollout_id"].map(label))
+    st.plotly_chart(advantage_charts.group_step_rewards(step_bins), key="group_step_rewards")
+    labelled = steps.assign(completion=steps["rollout_id"].map(label))
     table = labelled[["completion", "step_index", "text", "reward_raw", "reward_norm"]]
     st.dataframe(common.page_of(st, table, TABLE_ROWS, f"prm_table_page_{rollout_id}"), hide_index=True,
                  key="prm_table")

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import streamlit as st
 
-from dashboard import charts, common, queries
+from dashboard import charts, common, data, queries
 
 SPEEDS = {"0.5 steps/s": 2.0, "1 step/s": 1.0, "2 steps/s": 0.5, "4 steps/s": 0.25}
 
@@ -46,8 +46,9 @@ def replay_panel() -> None:
     common.set_url_value("at", step)
 
     st.plotly_chart(charts.metric_curves(metrics, upto_step=step, x_range=x_range), key="replay_curves")
-    # Previews of the completions: the distributions need none of their text, the group's table the start of it.
-    train = common.load("the rollouts", queries.step_rollout_previews, logs, run, step, "train")
+    # The distributions need none of the completions' text (a reasoning step holds ~15 MB), the group's table the
+    # start of its own completions only.
+    train = common.load("the rollouts", queries.step_rollout_numbers, logs, run, step, "train")
     st.plotly_chart(charts.step_distributions(train, f" at step {step}"), key="replay_distributions")
 
     # One group of this step, redrawn as the step moves (group ids are per step, so pick by position).
@@ -61,7 +62,8 @@ def replay_panel() -> None:
         st.caption(f"group {common.md(group.group_id)}: {common.md(group.prompt)}  ·  reward mean "
                    f"{common.number(group.reward_mean, '.3f')}, std {common.number(group.reward_std, '.3f')} · "
                    f"{group.outcome}")
-        members = train[train["group_id"] == group.group_id]
+        ids = tuple(int(r) for r in data.group_members(train, group.group_id)["rollout_id"].dropna())
+        members = common.load("the group's completions", queries.rollout_previews, logs, run, step, ids)
         common.static_table(
             st, members[["index_in_group", "completion", "reward", "advantage", "length", "truncated", "filtered"]])
     follow_eval_prompt(step)
