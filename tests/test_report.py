@@ -78,7 +78,7 @@ def open_report(playwright, path: Path):
     page.on("dialog", lambda dialog: (dialogs.append(dialog.message), dialog.dismiss()))
     page.add_init_script("window.__violations = []; document.addEventListener('securitypolicyviolation', "
                          "e => window.__violations.push(e.violatedDirective + ' ' + e.blockedURI));")
-    page.goto(own)
+    page.goto(own, timeout=120_000)  # (a generous deadline: a 5 MB file, on a busy machine; the default is 30 s)
     # Every figure drawn by plotly from the inline data.
     page.wait_for_function("() => { const f = document.querySelectorAll('.pl-figure'); return f.length > 0 && "
                            "[...f].every(d => d.querySelector('.main-svg')); }", timeout=60_000)
