@@ -10,9 +10,10 @@
 The tiny warm start (a ~90k-parameter model, a short SFT) is cached in pytest's cache folder (.pytest_cache), so it
 is trained once per checkout, not once per test session.
 
-`make test` runs the suite on two pytest-xdist workers (`-n 2 --dist loadscope`: a module's tests stay on one worker,
-so a module-scoped fixture is built once). The session fixtures below are built once for both workers: the first
-worker that asks builds them under a file lock in a folder the workers share, the other waits and reuses them.
+`make test` runs the suite on two pytest-xdist workers (`-n 2 --dist loadscope`): a module's tests stay on one
+worker, so a module-scoped fixture is built once, and slow modules go first (`pytest_collection_modifyitems`). The
+session fixtures below are built once for both workers: the first worker that asks builds them under a file lock in
+a folder the workers share, the other waits and reuses them.
 """
 
 from __future__ import annotations
@@ -71,6 +72,16 @@ def build_once(folder: Path, build) -> Path:
             build(folder)
             done.touch()
     return folder
+
+
+def pytest_collection_modifyitems(config, items):
+    """On xdist workers, the modules that have slow tests come first. `make test` hands modules to the workers in
+    this order (`--no-loadscope-reorder`), so the last ones handed out are short and neither worker waits long for
+    the other at the end (xdist's own order, by number of tests, would hand out a one-test module of minutes last)."""
+    if not hasattr(config, "workerinput"):
+        return
+    slow = {item.nodeid.split("::")[0] for item in items if item.get_closest_marker("slow")}
+    items.sort(key=lambda item: item.nodeid.split("::")[0] not in slow)  # (stable: collection order otherwise)
 
 
 @pytest.fixture(scope="session")
