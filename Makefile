@@ -8,6 +8,8 @@ PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
+# `make test` runs the suite on this many pytest-xdist workers, a module's tests on one (tests/conftest.py).
+TEST_WORKERS ?= 2
 
 .PHONY: run test lint install test-latest lock
 
@@ -22,7 +24,7 @@ run: $(STAMP)
 
 test: $(STAMP)
 	$(BIN)/ruff check .
-	$(BIN)/python -m pytest
+	$(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadscope --no-loadscope-reorder
 
 lint: $(STAMP)
 	$(BIN)/ruff check .

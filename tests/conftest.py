@@ -9,11 +9,19 @@
 
 The tiny warm start (a ~90k-parameter model, a short SFT) is cached in pytest's cache folder (.pytest_cache), so it
 is trained once per checkout, not once per test session.
+
+`make test` runs the suite on two pytest-xdist workers (`-n 2 --dist loadscope`): a module's tests stay on one
+worker, so a module-scoped fixture is built once, and slow modules go first (`pytest_collection_modifyitems`). The
+session fixtures below are built once for both workers: the first worker that asks builds them under a file lock in
+a folder the workers share, the other waits and reuses them.
 """
 
 from __future__ import annotations
 
+import os
+import shutil
 import threading
+from pathlib import Path
 
 import pytest
 
@@ -44,13 +52,58 @@ def settle_run_logs() -> None:
             thread.join()
 
 
+def shared_folder(tmp_path_factory) -> Path:
+    """A folder of this session that every xdist worker sees (the parent of the workers' own temporary folders);
+    without xdist, the session's temporary folder."""
+    base = tmp_path_factory.getbasetemp()
+    return base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base
+
+
+def build_once(folder: Path, build) -> Path:
+    """`folder`, filled by `build(folder)` unless a worker of this session already did: the first worker to ask
+    builds it while holding a lock, the others wait for it. A build that failed leaves nothing to reuse."""
+    from filelock import FileLock  # (a dependency of torch)
+
+    done = folder.with_name(folder.name + ".built")  # (beside it: tests list the folder)
+    with FileLock(f"{folder}.lock"):
+        if not done.is_file():
+            shutil.rmtree(folder, ignore_errors=True)
+            folder.mkdir(parents=True)
+            build(folder)
+            done.touch()
+    return folder
+
+
+def pytest_collection_modifyitems(config, items):
+    """On xdist workers, the modules that have slow tests come first. `make test` hands modules to the workers in
+    this order (`--no-loadscope-reorder`), so the last ones handed out are short and neither worker waits long for
+    the other at the end (xdist's own order, by number of tests, would hand out a one-test module of minutes last)."""
+    if not hasattr(config, "workerinput"):
+        return
+    slow = {item.nodeid.split("::")[0] for item in items if item.get_closest_marker("slow")}
+    items.sort(key=lambda item: item.nodeid.split("::")[0] not in slow)  # (stable: collection order otherwise)
+
+
 @pytest.fixture(scope="session")
 def warm_cache(request, tmp_path_factory):
-    """Folder of cached warm-started models, persistent across sessions when pytest's cache is enabled."""
+    """Folder of cached warm-started models, persistent across sessions when pytest's cache is enabled. The tiny
+    config's warm start is in it (trained here, once for all workers, when absent)."""
+    from filelock import FileLock
+
+    from engine.config import resolve_device
+    from engine.tasks import get_task
+    from engine.train import load_models
+
     cache = getattr(request.config, "cache", None)
     if cache is not None:
-        return cache.mkdir("policylens-warmstart")
-    return tmp_path_factory.mktemp("warmstart")
+        folder = Path(cache.mkdir("policylens-warmstart"))
+    else:
+        folder = shared_folder(tmp_path_factory) / "warmstart-cache"
+        folder.mkdir(exist_ok=True)
+    with FileLock(folder / ".tiny.lock"):  # one worker trains it, the other then finds it cached
+        cfg = tiny_config()
+        load_models(cfg, get_task(cfg.task, seed=cfg.task_seed), resolve_device(cfg.device), folder, sft_threads=1)
+    return folder
 
 
 @pytest.fixture(scope="session")
@@ -67,12 +120,16 @@ def run_tiny(warm_cache):
     return run
 
 
+def shared_tiny_run(tmp_path_factory, run_tiny, folder: str, name: str, **overrides) -> tuple[Path, str]:
+    """(logs_dir, name) of a finished tiny run, trained once per session for all workers (tests only read it)."""
+    logs_dir = build_once(shared_folder(tmp_path_factory) / folder, lambda logs: run_tiny(logs, name, **overrides))
+    return logs_dir, name
+
+
 @pytest.fixture(scope="session")
 def tiny_run(tmp_path_factory, run_tiny):
     """(logs_dir, run_name) of a finished 3-step GRPO run on `linear`, group size 4, evaluated at steps 0 and 2-3."""
-    logs_dir = tmp_path_factory.mktemp("logs")
-    run_tiny(logs_dir, "tiny-grpo", algo="grpo", steps=3)
-    return logs_dir, "tiny-grpo"
+    return shared_tiny_run(tmp_path_factory, run_tiny, "logs-grpo", "tiny-grpo", algo="grpo", steps=3)
 
 
 @pytest.fixture(scope="session")
@@ -80,15 +137,11 @@ def tiny_process_run(tmp_path_factory, run_tiny):
     """(logs_dir, run_name) of a finished 3-step GRPO run with process supervision (PRM step rewards), sampled by a
     bfloat16 copy of the policy one update behind, so its sampler and trainer log-probs really differ (the Mismatch
     page has data)."""
-    logs_dir = tmp_path_factory.mktemp("logs-process")
-    run_tiny(logs_dir, "tiny-grpo-process", algo="grpo", supervision="process", steps=3, sampler_dtype="bfloat16",
-             sampler_lag=1)
-    return logs_dir, "tiny-grpo-process"
+    return shared_tiny_run(tmp_path_factory, run_tiny, "logs-process", "tiny-grpo-process", algo="grpo",
+                           supervision="process", steps=3, sampler_dtype="bfloat16", sampler_lag=1)
 
 
 @pytest.fixture(scope="session")
 def tiny_ppo_run(tmp_path_factory, run_tiny):
     """(logs_dir, run_name) of a finished 2-step PPO run: a critic's values, returns and KL rewards per token."""
-    logs_dir = tmp_path_factory.mktemp("logs-ppo")
-    run_tiny(logs_dir, "tiny-ppo", algo="ppo", steps=2)
-    return logs_dir, "tiny-ppo"
+    return shared_tiny_run(tmp_path_factory, run_tiny, "logs-ppo", "tiny-ppo", algo="ppo", steps=2)

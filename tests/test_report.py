@@ -64,6 +64,8 @@ def open_report(playwright, path: Path):
     has drawn every figure. Returns (browser, page, requests, dialogs); CSP violations go to `window.__violations`."""
     browser = screenshots.launch_browser(playwright)
     page = browser.new_page(viewport={"width": 1300, "height": 900})
+    # A generous deadline for every wait: a 5 MB file on a busy machine can take minutes (the default 30 s failed).
+    page.set_default_timeout(300_000)
     requests, dialogs = [], []
     own = path.resolve().as_uri()
 
@@ -81,7 +83,7 @@ def open_report(playwright, path: Path):
     page.goto(own)
     # Every figure drawn by plotly from the inline data.
     page.wait_for_function("() => { const f = document.querySelectorAll('.pl-figure'); return f.length > 0 && "
-                           "[...f].every(d => d.querySelector('.main-svg')); }", timeout=60_000)
+                           "[...f].every(d => d.querySelector('.main-svg')); }")
     return browser, page, requests, dialogs
 
 
