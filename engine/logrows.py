@@ -267,8 +267,7 @@ def step_metrics(totals: StepTotals, records: list[PassRecord], ev: EvalResult |
     over the loss tokens of each pass, averaged over passes; loss is the mean over passes. `algo` picks the clip
     events counted, `lr` and `groups_kept` (the groups a step trains on) are logged as they are. `critic_stats`
     (engine.critic.CriticStats) adds the critic's columns."""
-    t = totals
-    s, n = t.sums, t.sums["rollouts"]
+    s, n = totals.sums, totals.sums["rollouts"]
     # the clips for every algorithm; a covariance rule's selections (clip_cov_frac, in `extra`) for Clip-/KL-Cov
     counted = CLIP_EVENTS + (RULE_EVENTS if objective(algo).covariance else ())
     mean_reward = s["reward"] / n
@@ -286,11 +285,11 @@ def step_metrics(totals: StepTotals, records: list[PassRecord], ev: EvalResult |
         **{fraction_column(c): share
            for c, share in clip_fractions({c: s[f"clip_{c}"] for c in counted}, s["loss_tokens"]).items()},
         "response_len_mean": s["length"] / n,
-        "response_len_max": int(t.maxima["length"]),
+        "response_len_max": int(totals.maxima["length"]),
         "truncated_frac": s["truncated"] / n,
         "groups_kept": groups_kept,
         "groups_filtered": int(s["groups_filtered"]),
-        "gen_batches": int(t.maxima["gen_batches"]),
+        "gen_batches": int(totals.maxima["gen_batches"]),
         "loss": float(np.mean([s[f"loss_{p}"] for p in range(len(records))])),
         "grad_norm": float(np.mean([r.grad_norm for r in records])),  # of the all-reduced gradient: equal on ranks
         "lr": lr,

@@ -440,6 +440,7 @@ def _sample_kept_groups(model, tokenizer, tt: TokenText, task: Task, sampler: Pr
     sampling). Returns the kept groups (at most this rank's share), per kept group its (input_ids, attention_mask,
     P), the dropped rollouts (marked filtered, with their reason) and the number of rounds."""
     G, n_groups = cfg.group_size, cfg.prompts_per_step // world.size  # this rank's groups
+    sampling = Sampling.of(cfg)
     kept: list[list[Rollout]] = []  # groups
     kept_rows: list[tuple[torch.Tensor, torch.Tensor, int]] = []  # per group: input_ids, attention_mask, P
     dropped: list[Rollout] = []
@@ -462,8 +463,8 @@ def _sample_kept_groups(model, tokenizer, tt: TokenText, task: Task, sampler: Pr
         problems = sampler.draw(n_groups if gen_batches == 0 else min(n_groups, 2 * missing)) if missing else []
         gen_batches += 1
         if problems:
-            rollouts, input_ids, attention_mask, P = sample_groups(model, tokenizer, tt, task, problems,
-                                                                   Sampling.of(cfg), G, group_counter)
+            rollouts, input_ids, attention_mask, P = sample_groups(model, tokenizer, tt, task, problems, sampling,
+                                                                   G, group_counter)
             group_counter += len(problems)
         for g in range(len(problems)):
             group = rollouts[g * G : (g + 1) * G]
