@@ -35,6 +35,10 @@ import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:  # numpy is imported where it is used, so `--help` starts fast
+    import numpy as np
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
@@ -98,118 +102,198 @@ def synthetic_step(step: int, shape: Shape, passes: int, rng) -> dict:
     Shaped like the engine's: groups of completions of an equation task (plus 2 eval prompts), log-probs, ratios
     that drift from 1 across passes, clip codes by the GRPO rule, reasoning steps over each completion, and a
     sampler/trainer mismatch: sampler log-probs off the trainer's by N(0, 0.03) with a 5% tail of N(0, 0.3), token
-    TIS weights (truncated at 2) and seq_mean_k3 rejections in every pass, the step's `mismatch_*` metrics."""
+    TIS weights (truncated at 2) and seq_mean_k3 rejections in every pass, the step's `mismatch_*` metrics.
+    The helpers draw from `rng` in this order (rewards and lengths, tokens, passes, rollouts, reasoning steps,
+    metrics): another order gives another run for the same seed."""
+    completions = _completions(step, shape, rng)
+    tokens, log_ratio, prm_count = _token_rows(shape, completions, rng)
+    trained = tokens["rollout_id"] < completions.n_train  # (T_total,)
+    rejected, is_weight = _corrections(log_ratio, completions.lengths, tokens["rollout_id"], trained)
+    token_passes = _pass_rows(tokens, completions.lengths, trained, rejected, is_weight, passes, rng)
+    rollouts = _rollout_rows(step, shape, completions, tokens["token_text"], rng)
+    prm_steps = _prm_step_rows(prm_count, completions.lengths, tokens["token_text"], rng)
+    metrics = _step_metrics(step, shape, completions, tokens, token_passes, log_ratio[trained], rejected, is_weight,
+                            rng)
+    return {"metrics": metrics, "rollouts": rollouts, "tokens": tokens, "token_passes": token_passes,
+            "prm_steps": prm_steps}
+
+
+@dataclass(frozen=True)
+class _Completions:
+    """A step's completions: the train groups' (N_train of them), then one per eval prompt (N in all)."""
+
+    sizes: np.ndarray  # (G,) the groups' sizes
+    group_of: np.ndarray  # (N_train,) each train completion's group
+    reward: np.ndarray  # (N,)
+    advantage: np.ndarray  # (N,) GRPO's, zero for the evals
+    mean: np.ndarray  # (G,) each group's reward mean
+    std: np.ndarray  # (G,) and its sample std
+    lengths: np.ndarray  # (N,) in tokens
+    evals: int
+
+    @property
+    def n_train(self) -> int:
+        return len(self.group_of)
+
+
+def _completions(step: int, shape: Shape, rng, evals: int = 2) -> _Completions:
+    """Rewards with a success rate that climbs over the steps, their GRPO advantages, the lengths drawn by the
+    shape."""
     import numpy as np
 
-    from engine.clip_codes import (
-        CLIP_CAP,
-        CLIP_HIGH,
-        CLIP_LOW,
-        CLIP_NONE,
-        clip_fractions,
-        count_clip_events,
-        fraction_column,
-    )
-    from engine.correction_settings import REJECT_NONE, REJECT_SEQUENCE
-
-    evals = 2
     sizes = np.array(shape.group_sizes)
     groups = len(sizes)
-    n_train = int(sizes.sum())
-    n = n_train + evals
-    kind = np.array(["train"] * n_train + ["eval"] * evals, dtype=object)
     group_of = np.repeat(np.arange(groups), sizes)  # (N_train,)
-    prompt_index = np.concatenate([group_of, np.arange(evals)])  # (N,)
-    reward = (rng.random(n) < 0.3 + 0.5 * step / (step + 10)).astype(float)
+    n_train = len(group_of)
+    reward = (rng.random(n_train + evals) < 0.3 + 0.5 * step / (step + 10)).astype(float)
     train_reward = reward[:n_train]
     count = np.bincount(group_of, minlength=groups)
     mean = np.bincount(group_of, train_reward, groups) / count
     std = np.sqrt(np.bincount(group_of, (train_reward - mean[group_of]) ** 2, groups) / np.maximum(count - 1, 1))
     advantage = np.concatenate([(train_reward - mean[group_of]) / (std[group_of] + 1e-6), np.zeros(evals)])
-    lengths = shape.lengths(rng, n)  # (N,)
-    rollout = np.repeat(np.arange(n), lengths)  # (T_total,)
-    starts = np.cumsum(lengths) - lengths
-    position = np.arange(len(rollout)) - starts[rollout]
+    lengths = shape.lengths(rng, n_train + evals)
+    return _Completions(sizes, group_of, reward, advantage, mean, std, lengths, evals)
+
+
+def _token_rows(shape: Shape, completions: _Completions, rng):
+    """The tokens table of these completions, the sampler's log-ratio per token (T_total,) (old_logp -
+    sampler_logp) and each completion's number of reasoning steps (N,)."""
+    import numpy as np
+
+    lengths = completions.lengths
+
+    rollout = np.repeat(np.arange(len(lengths)), lengths)  # (T_total,)
+    position = np.arange(len(rollout)) - (np.cumsum(lengths) - lengths)[rollout]
     token_id = rng.integers(0, len(VOCAB), len(rollout))
-    text = np.array(VOCAB, dtype=object)[token_id]
     old_logp = -rng.gamma(1.0, 0.6, len(rollout))
     ref_logp = old_logp + rng.normal(0, 0.05, len(rollout))
-    token_adv = advantage[rollout]
     prm_count = shape.prm_steps_of(rng, lengths)  # (N,)
     log_ratio = np.where(rng.random(len(rollout)) < 0.05, rng.normal(0, 0.3, len(rollout)),
-                         rng.normal(0, 0.03, len(rollout)))  # old_logp - sampler_logp
+                         rng.normal(0, 0.03, len(rollout)))
     sampler_logp = old_logp - log_ratio
-    tokens = {"rollout_id": rollout, "position": position, "token_id": token_id, "token_text": text,
-              "old_logp": old_logp, "ref_logp": ref_logp, "entropy": rng.gamma(2.0, 0.4, len(rollout)),
-              "advantage": token_adv, "prm_step": position * prm_count[rollout] // lengths[rollout],
-              "sampler_logp": sampler_logp, "sampler_logp_full": sampler_logp - rng.exponential(0.01, len(rollout))}
-    trained = rollout < n_train
+    tokens = {"rollout_id": rollout, "position": position, "token_id": token_id,
+              "token_text": np.array(VOCAB, dtype=object)[token_id], "old_logp": old_logp, "ref_logp": ref_logp,
+              "entropy": rng.gamma(2.0, 0.4, len(rollout)), "advantage": completions.advantage[rollout],
+              "prm_step": position * prm_count[rollout] // lengths[rollout], "sampler_logp": sampler_logp,
+              "sampler_logp_full": sampler_logp - rng.exponential(0.01, len(rollout))}
+    return tokens, log_ratio, prm_count
+
+
+def _corrections(log_ratio, lengths, rollout, trained):
+    """verl's seq_mean_k3 rejection at 0.01 and token TIS at 2 over the trained tokens, the same in every pass:
+    (rejected code, IS weight), each (T_trained,)."""
+    import numpy as np
+
+    from engine.correction_settings import REJECT_NONE, REJECT_SEQUENCE
+
     k3 = np.exp(log_ratio) - 1 - log_ratio
     seq_k3 = np.bincount(rollout, k3) / lengths  # (N,) per-rollout mean
-    # seq_mean_k3 rejection at verl's 0.01 and token TIS at 2, the same in every pass
     rejected = np.where(seq_k3[rollout] > 0.01, REJECT_SEQUENCE, REJECT_NONE).astype(np.int8)[trained]
-    is_weight = np.minimum(np.exp(log_ratio), 2.0)[trained]
+    return rejected, np.minimum(np.exp(log_ratio), 2.0)[trained]
+
+
+def _pass_rows(tokens: dict, lengths, trained, rejected, is_weight, passes: int, rng) -> dict | None:
+    """The token_passes table: `passes` optimisation passes over the trained tokens, the ratio drifting from 1 by
+    N(0, 0.08 * pass) in log space, clip codes by the GRPO rule (0.8/1.2, the dual cap at 3); None for no pass."""
+    import numpy as np
+
+    from engine.clip_codes import CLIP_CAP, CLIP_HIGH, CLIP_LOW, CLIP_NONE
+    from engine.correction_settings import REJECT_NONE
+
+    old_logp, a = tokens["old_logp"][trained], tokens["advantage"][trained]
+    rollout = tokens["rollout_id"][trained]
+    size = lengths[rollout]
     per_pass = []
     for p in range(passes):
-        new_logp = old_logp[trained] + rng.normal(0, 0.08 * p, int(trained.sum()))
-        ratio = np.exp(new_logp - old_logp[trained])
-        a, size = token_adv[trained], lengths[rollout[trained]]
+        new_logp = old_logp + rng.normal(0, 0.08 * p, len(old_logp))
+        ratio = np.exp(new_logp - old_logp)
         clip = np.where((a < 0) & (ratio < 0.8), CLIP_LOW, np.where((a > 0) & (ratio > 1.2), CLIP_HIGH, CLIP_NONE))
         clip = np.where((a < 0) & (ratio > 3), CLIP_CAP, clip).astype(np.int8)
-        log_ratio_ref = ref_logp[trained] - new_logp
+        log_ratio_ref = tokens["ref_logp"][trained] - new_logp
         kept = (clip == CLIP_NONE) & (rejected == REJECT_NONE)
-        per_pass.append({"pass": np.full(len(ratio), p), "rollout_id": rollout[trained],
-                         "position": position[trained], "new_logp": new_logp, "ratio": ratio, "clip": clip,
+        per_pass.append({"pass": np.full(len(ratio), p), "rollout_id": rollout,
+                         "position": tokens["position"][trained], "new_logp": new_logp, "ratio": ratio, "clip": clip,
                          "grad_weight": np.where(kept, is_weight * ratio * a / size, 0.0),
                          "token_loss": -is_weight * ratio * a / size, "kl": np.exp(log_ratio_ref) - log_ratio_ref - 1,
                          "is_weight": is_weight, "rejected": rejected})
-    token_passes = {k: np.concatenate([p[k] for p in per_pass]) for k in per_pass[0]} if per_pass else None
-    prompts = np.array([f"Solve for x: {g + 2}x + 3 = {2 * g + 7}" for g in range(max(groups, evals))], dtype=object)
-    filtered = np.concatenate([(std == 0)[group_of], np.zeros(evals, bool)])
-    all_correct = np.where(mean == 1, "all_correct", "all_wrong")[group_of]
-    rollouts = {
+    return {k: np.concatenate([p[k] for p in per_pass]) for k in per_pass[0]} if per_pass else None
+
+
+def _rollout_rows(step: int, shape: Shape, completions: _Completions, text, rng) -> dict:
+    """The rollouts table: the train groups' completions (groups of zero reward spread filtered), then the evals."""
+    import numpy as np
+
+    sizes, group_of, evals, lengths = completions.sizes, completions.group_of, completions.evals, completions.lengths
+    n_train, n = completions.n_train, len(completions.reward)
+    kind = np.array(["train"] * n_train + ["eval"] * evals, dtype=object)
+    prompt_index = np.concatenate([group_of, np.arange(evals)])  # (N,)
+    prompts = np.array([f"Solve for x: {g + 2}x + 3 = {2 * g + 7}" for g in range(max(len(sizes), evals))],
+                       dtype=object)
+    filtered = np.concatenate([(completions.std == 0)[group_of], np.zeros(evals, bool)])
+    all_correct = np.where(completions.mean == 1, "all_correct", "all_wrong")[group_of]
+    starts = np.cumsum(lengths) - lengths
+    return {
         "rollout_id": np.arange(n), "group_id": np.where(kind == "train", prompt_index, 1000 + prompt_index),
         "index_in_group": np.concatenate([np.arange(n_train) - (np.cumsum(sizes) - sizes)[group_of],
                                           np.zeros(evals, int)]),
-        "kind": kind, "prompt_id": np.where(kind == "train", prompt_index + step * groups, prompt_index),
+        "kind": kind, "prompt_id": np.where(kind == "train", prompt_index + step * len(sizes), prompt_index),
         "prompt": prompts[prompt_index],
         "completion": ["".join(text[s:s + k]) for s, k in zip(starts, lengths, strict=True)],
-        "answer": (prompt_index + 2).astype(str).astype(object), "reward": reward, "reward_correct": reward,
-        "reward_process": rng.normal(size=n), "reward_length": np.zeros(n), "advantage": advantage,
+        "answer": (prompt_index + 2).astype(str).astype(object), "reward": completions.reward,
+        "reward_correct": completions.reward,
+        "reward_process": rng.normal(size=n), "reward_length": np.zeros(n), "advantage": completions.advantage,
         "length": lengths, "truncated": lengths == shape.max_len, "filtered": filtered,
         "filter_reason": np.where(filtered, np.concatenate([all_correct, [""] * evals]), None),
     }
-    prm_rollout = np.repeat(np.arange(n), prm_count)  # (S,) reasoning steps spread evenly over each completion
+
+
+def _prm_step_rows(prm_count, lengths, text, rng) -> dict:
+    """The prm_steps table: each completion's reasoning steps spread evenly over its tokens (a token at position
+    `pos` of a completion of `size` tokens and `k` steps is in step pos * k // size, as the tokens' `prm_step`)."""
+    import numpy as np
+
+    starts = np.cumsum(lengths) - lengths
+    prm_rollout = np.repeat(np.arange(len(lengths)), prm_count)  # (S,)
     index = np.arange(len(prm_rollout)) - (np.cumsum(prm_count) - prm_count)[prm_rollout]
     k, size = prm_count[prm_rollout], lengths[prm_rollout]
     first, last = (index * size + k - 1) // k, ((index + 1) * size + k - 1) // k - 1  # tokens with pos*k//size == i
-    prm_steps = {"rollout_id": prm_rollout, "step_index": index, "first_pos": first, "last_pos": last,
-                 "text": np.array(["".join(text[starts[r] + f: starts[r] + f + 4])
-                                   for r, f in zip(prm_rollout, first, strict=True)], dtype=object),
-                 "reward_raw": rng.random(len(prm_rollout)), "reward_norm": rng.normal(size=len(prm_rollout))}
+    return {"rollout_id": prm_rollout, "step_index": index, "first_pos": first, "last_pos": last,
+            "text": np.array(["".join(text[starts[r] + f: starts[r] + f + 4])
+                              for r, f in zip(prm_rollout, first, strict=True)], dtype=object),
+            "reward_raw": rng.random(len(prm_rollout)), "reward_norm": rng.normal(size=len(prm_rollout))}
+
+
+def _step_metrics(step: int, shape: Shape, completions: _Completions, tokens: dict, token_passes, log_ratio, rejected,
+                  is_weight, rng) -> dict:
+    """The steps row; its `mismatch_*` values as `engine.logrows.mismatch_metrics` computes them, over the trained
+    tokens' sampler log-ratios (`log_ratio`, (T_trained,))."""
+    import numpy as np
+
+    from engine.clip_codes import clip_fractions, count_clip_events, fraction_column
+
+    n_train, std = completions.n_train, completions.std
+    train_reward, lengths = completions.reward[:n_train], completions.lengths[:n_train]  # (N_train,)
     clip_all = token_passes["clip"] if token_passes else np.zeros(0, np.int8)
-    metrics = {
+    k3 = np.exp(log_ratio) - 1 - log_ratio
+    return {
         "wall_time": 30.0 * step, "step_seconds": 30.0, "reward_mean": float(train_reward.mean()),
         "reward_std": float(train_reward.std()), "accuracy": float(train_reward.mean()),
-        "heldout_accuracy": float(reward[n_train:].mean()) if step % 10 == 0 else None,
+        "heldout_accuracy": float(completions.reward[n_train:].mean()) if step % 10 == 0 else None,
         "entropy": float(tokens["entropy"].mean()),
         "kl": float(token_passes["kl"].mean()) if token_passes else 0.0,
         **{fraction_column(c): share
            for c, share in clip_fractions(count_clip_events(np.asarray(clip_all)), len(clip_all)).items()},
-        "response_len_mean": float(lengths[:n_train].mean()), "response_len_max": float(lengths[:n_train].max()),
-        "truncated_frac": float((lengths[:n_train] == shape.max_len).mean()),
-        "groups_kept": int(groups - (std == 0).sum()), "groups_filtered": int((std == 0).sum()), "gen_batches": 1,
+        "response_len_mean": float(lengths.mean()), "response_len_max": float(lengths.max()),
+        "truncated_frac": float((lengths == shape.max_len).mean()),
+        "groups_kept": int(len(std) - (std == 0).sum()), "groups_filtered": int((std == 0).sum()), "gen_batches": 1,
         "loss": float(rng.normal()), "grad_norm": float(rng.random()), "lr": 1e-6,
-        # steps.extra, as engine.logrows.mismatch_metrics writes it (over the trained tokens)
-        "mismatch_kl": float(-log_ratio[trained].mean()), "mismatch_k3_kl": float(k3[trained].mean()),
-        "mismatch_chi2_token": float(np.exp(2 * log_ratio[trained]).mean() - 1),
-        "mismatch_out_of_band": float(((log_ratio[trained] < np.log(0.9)) | (log_ratio[trained] > np.log(1.1))).mean()),
-        "mismatch_mean_abs_log_ratio": float(np.abs(log_ratio[trained]).mean()),
+        "mismatch_kl": float(-log_ratio.mean()), "mismatch_k3_kl": float(k3.mean()),
+        "mismatch_chi2_token": float(np.exp(2 * log_ratio).mean() - 1),
+        "mismatch_out_of_band": float(((log_ratio < np.log(0.9)) | (log_ratio > np.log(1.1))).mean()),
+        "mismatch_mean_abs_log_ratio": float(np.abs(log_ratio).mean()),
         "mismatch_rejected_token_share": float((rejected > 0).mean()),
         "mismatch_is_weight_ess": float(is_weight.mean() ** 2 / (is_weight ** 2).mean()),
     }
-    return {"metrics": metrics, "rollouts": rollouts, "tokens": tokens, "token_passes": token_passes,
-            "prm_steps": prm_steps}
 
 
 def ensure_run(logs_dir, steps: int, shape: Shape, passes: int = 2) -> str:

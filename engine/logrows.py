@@ -3,8 +3,9 @@
 Writing (engine.train): each optimizer pass becomes a `PassRecord` (`pass_record`), and one training step becomes
 the column dicts `engine.runlog.RunWriter.log_step` takes:
 
-    metrics = step_metrics(batch, records, ev, cfg)          # one `steps` row
-    tables = step_tables(batch, records, ev, cfg, tt)        # rollouts, tokens, token_passes, prm_steps
+    totals = step_totals(batch, records, group_size)   # the step's sums (added over the ranks: .reduced(world))
+    metrics = step_metrics(totals, records, ev, algo=..., lr=..., groups_kept=...)   # one `steps` row
+    tables = step_tables(batch, records, ev, tt, group_size=..., log_tokens=...)     # rollouts, tokens, passes, prm
 
 With several ranks (engine.distributed) each rank writes its own rows, numbered by `RankIds` so that ids stay
 unique across ranks, and rank 0 writes the metrics of the whole batch from the ranks' summed `StepTotals`.
@@ -258,17 +259,17 @@ def step_totals(batch: Batch, records: list[PassRecord], group_size: int) -> Ste
     return StepTotals(sums, maxima)
 
 
-def step_metrics(batch: Batch, records: list[PassRecord], ev: EvalResult | None, cfg, critic_stats=None,
-                 totals: StepTotals | None = None) -> dict:
-    """One `steps` row. Rewards, accuracy and lengths cover every sampled rollout of the step (dropped groups
-    included, so DAPO's training accuracy is not biased towards 50%); clip fractions are over loss tokens of all
-    passes; KL is the mean per-token k3 KL to pi_ref over the loss tokens of each pass, averaged over passes; loss
-    is the mean over passes. `totals`: the step's sums over every rank (StepTotals.reduced; default: this process's
-    own, `step_totals`). `critic_stats` (engine.critic.CriticStats) adds the critic's columns."""
-    t = totals if totals is not None else step_totals(batch, records, cfg.group_size)
-    s, n = t.sums, t.sums["rollouts"]
+def step_metrics(totals: StepTotals, records: list[PassRecord], ev: EvalResult | None, *, algo: str, lr: float,
+                 groups_kept: int, critic_stats=None) -> dict:
+    """One `steps` row from the step's sums (`step_totals`, over every rank: StepTotals.reduced). Rewards, accuracy
+    and lengths cover every sampled rollout of the step (dropped groups included, so DAPO's training accuracy is not
+    biased towards 50%); clip fractions are over loss tokens of all passes; KL is the mean per-token k3 KL to pi_ref
+    over the loss tokens of each pass, averaged over passes; loss is the mean over passes. `algo` picks the clip
+    events counted, `lr` and `groups_kept` (the groups a step trains on) are logged as they are. `critic_stats`
+    (engine.critic.CriticStats) adds the critic's columns."""
+    s, n = totals.sums, totals.sums["rollouts"]
     # the clips for every algorithm; a covariance rule's selections (clip_cov_frac, in `extra`) for Clip-/KL-Cov
-    counted = CLIP_EVENTS + (RULE_EVENTS if objective(cfg.algo).covariance else ())
+    counted = CLIP_EVENTS + (RULE_EVENTS if objective(algo).covariance else ())
     mean_reward = s["reward"] / n
     # sample variance from the sums (ddof = 1); clamped at 0 against rounding when every reward is equal
     reward_var = max(0.0, s["reward_sq"] - n * mean_reward**2) / (n - 1) if n > 1 else 0.0
@@ -284,14 +285,14 @@ def step_metrics(batch: Batch, records: list[PassRecord], ev: EvalResult | None,
         **{fraction_column(c): share
            for c, share in clip_fractions({c: s[f"clip_{c}"] for c in counted}, s["loss_tokens"]).items()},
         "response_len_mean": s["length"] / n,
-        "response_len_max": int(t.maxima["length"]),
+        "response_len_max": int(totals.maxima["length"]),
         "truncated_frac": s["truncated"] / n,
-        "groups_kept": cfg.prompts_per_step,
+        "groups_kept": groups_kept,
         "groups_filtered": int(s["groups_filtered"]),
-        "gen_batches": int(t.maxima["gen_batches"]),
+        "gen_batches": int(totals.maxima["gen_batches"]),
         "loss": float(np.mean([s[f"loss_{p}"] for p in range(len(records))])),
         "grad_norm": float(np.mean([r.grad_norm for r in records])),  # of the all-reduced gradient: equal on ranks
-        "lr": cfg.lr,
+        "lr": lr,
         **(critic_stats.metrics() if critic_stats is not None else {}),
     }
 
@@ -334,13 +335,13 @@ class RankIds:
                    kept_total=sum(k for k, _ in counts), dropped_total=sum(d for _, d in counts))
 
 
-def step_tables(batch: Batch, records: list[PassRecord], ev: EvalResult | None, cfg, tt: TokenText,
-                ids: RankIds | None = None) -> dict:
+def step_tables(batch: Batch, records: list[PassRecord], ev: EvalResult | None, tt: TokenText, *, group_size: int,
+                log_tokens: bool, ids: RankIds | None = None) -> dict:
     """The step's rows for engine.runlog (ids numbered as the module docstring says; `ids`: this rank's place in
-    that numbering). A rollout's `seq_ratio` lists its sequence ratio at each pass that used it, for
-    sequence-level objectives."""
+    that numbering); without `log_tokens` only the rollouts. A rollout's `seq_ratio` lists its sequence ratio at
+    each pass that used it, for sequence-level objectives."""
     ids = ids or RankIds()
-    G, B = cfg.group_size, len(batch.rollouts)
+    G, B = group_size, len(batch.rollouts)
     kept_total = B if ids.kept_total is None else ids.kept_total
     dropped_total = len(batch.dropped) if ids.dropped_total is None else ids.dropped_total
     first_kept, first_dropped = ids.kept_before, kept_total + ids.dropped_before
@@ -356,7 +357,7 @@ def step_tables(batch: Batch, records: list[PassRecord], ev: EvalResult | None, 
     rollouts = _concat(rollouts, _rollout_rows(batch.dropped, "train", first_dropped, dropped_groups,
                                                rank=ids.rank))
     tokens = passes = prm = None
-    if cfg.log_tokens:
+    if log_tokens:
         critic = (batch.values, batch.returns, batch.kl_reward) if batch.values is not None else None
         sampler = (batch.sampler_logp, batch.sampler_logp_full) if batch.sampler_logp is not None else None
         tokens = _token_rows(batch.rollouts, first_kept, tt, batch.old_logp, batch.ref_logp, batch.entropy,
@@ -365,7 +366,7 @@ def step_tables(batch: Batch, records: list[PassRecord], ev: EvalResult | None, 
         prm = _concat(_prm_rows(batch.rollouts, first_kept), _prm_rows(batch.dropped, first_dropped))
     if ev is not None:
         first = kept_total + dropped_total
-        e_roll, e_tok, e_prm = eval_tables(ev, first, (kept_total + dropped_total) // G, tt, cfg.log_tokens)
+        e_roll, e_tok, e_prm = eval_tables(ev, first, (kept_total + dropped_total) // G, tt, log_tokens)
         if e_tok is not None and tokens is not None:  # held-out rollouts come from the policy: no sampler (NULL)
             e_tok.update({name: [None] * len(e_tok["position"]) for name in SAMPLER_COLUMNS if name in tokens})
         rollouts = _concat(rollouts, e_roll)

@@ -2,7 +2,7 @@
 
     sampler = PromptSampler(task.train, seed=cfg.seed)
     batch = collect_batch(policy, ref, tokenizer, task, sampler, cfg)   # a Batch of typed Rollouts + (B, T) tensors
-    evals = evaluate(policy, ref, tokenizer, task.heldout[:100], cfg)   # greedy + sampled held-out rollouts
+    evals = evaluate(policy, ref, tokenizer, task.heldout[:100], Sampling.of(cfg), seed)  # greedy + sampled held-out
 
 One training batch, in order (the "sample -> reward -> advantage" half of the loop in engine/train.py):
 1. draw `batch_size / G` training prompts, sample G completions each (temperature, top-p, max new tokens);
@@ -33,7 +33,8 @@ from __future__ import annotations
 
 import random
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -323,13 +324,40 @@ class DynamicSamplingError(RuntimeError):
     """Dynamic sampling could not fill a batch with mixed groups within max_gen_batches."""
 
 
-def sample_groups(model, tokenizer, tt: TokenText, task: Task, problems: list[Problem], cfg, first_group_id: int
-                  ) -> tuple[list[Rollout], torch.Tensor, torch.Tensor, int]:
-    """Generate G completions for each problem and score them. Returns rollouts, input_ids, attention_mask, P."""
-    G = cfg.group_size
+@dataclass(frozen=True)
+class Sampling:
+    """How completions are generated and length-scored: what `sample_groups` and `evaluate` use of a training
+    config (engine.config.TrainConfig documents each field), so they do not depend on the rest of it."""
+
+    temperature: float
+    top_p: float
+    top_k: int
+    max_new_tokens: int
+    overlong_shaping: bool
+    overlong_max_len: int
+    overlong_cache_len: int
+    eval_temperature: float  # the sampled half of the held-out evaluation
+
+    @classmethod
+    def of(cls, cfg: Any) -> Sampling:
+        """The sampling settings of a (resolved) training config."""
+        return cls(**{f.name: getattr(cfg, f.name) for f in fields(cls)})
+
+    def score(self, task: Task, rollouts: list[Rollout], tt: TokenText) -> None:
+        """`score` with this run's overlong shaping."""
+        score(task, rollouts, tt, overlong_shaping=self.overlong_shaping, l_max=self.overlong_max_len,
+              l_cache=self.overlong_cache_len)
+
+
+def sample_groups(model, tokenizer, tt: TokenText, task: Task, problems: list[Problem], sampling: Sampling,
+                  group_size: int, first_group_id: int) -> tuple[list[Rollout], torch.Tensor, torch.Tensor, int]:
+    """Generate G = `group_size` completions for each problem and score them. Returns rollouts, input_ids,
+    attention_mask, P."""
+    G = group_size
     prompts = [p.prompt for p in problems for _ in range(G)]
-    input_ids, attention_mask, P = generate(model, tokenizer, prompts, do_sample=True, temperature=cfg.temperature,
-                                            top_p=cfg.top_p, top_k=cfg.top_k, max_new_tokens=cfg.max_new_tokens)
+    input_ids, attention_mask, P = generate(model, tokenizer, prompts, do_sample=True,
+                                            temperature=sampling.temperature, top_p=sampling.top_p,
+                                            top_k=sampling.top_k, max_new_tokens=sampling.max_new_tokens)
     completion_mask = attention_mask[:, P:]  # (N, T)
     lengths = completion_mask.sum(-1).tolist()
     comp = input_ids[:, P:].tolist()
@@ -341,8 +369,7 @@ def sample_groups(model, tokenizer, tt: TokenText, task: Task, problems: list[Pr
             problem=problem, group_id=first_group_id + n // G, index_in_group=n % G, completion_ids=ids,
             completion=tt.completion_text(ids), truncated=truncated,
         ))
-    score(task, rollouts, tt, overlong_shaping=cfg.overlong_shaping, l_max=cfg.overlong_max_len,
-          l_cache=cfg.overlong_cache_len)
+    sampling.score(task, rollouts, tt)
     return rollouts, input_ids, attention_mask, P
 
 
@@ -413,6 +440,7 @@ def _sample_kept_groups(model, tokenizer, tt: TokenText, task: Task, sampler: Pr
     sampling). Returns the kept groups (at most this rank's share), per kept group its (input_ids, attention_mask,
     P), the dropped rollouts (marked filtered, with their reason) and the number of rounds."""
     G, n_groups = cfg.group_size, cfg.prompts_per_step // world.size  # this rank's groups
+    sampling = Sampling.of(cfg)
     kept: list[list[Rollout]] = []  # groups
     kept_rows: list[tuple[torch.Tensor, torch.Tensor, int]] = []  # per group: input_ids, attention_mask, P
     dropped: list[Rollout] = []
@@ -435,8 +463,8 @@ def _sample_kept_groups(model, tokenizer, tt: TokenText, task: Task, sampler: Pr
         problems = sampler.draw(n_groups if gen_batches == 0 else min(n_groups, 2 * missing)) if missing else []
         gen_batches += 1
         if problems:
-            rollouts, input_ids, attention_mask, P = sample_groups(model, tokenizer, tt, task, problems, cfg,
-                                                                   group_counter)
+            rollouts, input_ids, attention_mask, P = sample_groups(model, tokenizer, tt, task, problems, sampling,
+                                                                   G, group_counter)
             group_counter += len(problems)
         for g in range(len(problems)):
             group = rollouts[g * G : (g + 1) * G]
@@ -519,7 +547,7 @@ class EvalResult:
 
 
 @torch.no_grad()
-def evaluate(policy, ref, tokenizer, task: Task, problems: list[Problem], cfg, seed: int,
+def evaluate(policy, ref, tokenizer, task: Task, problems: list[Problem], sampling: Sampling, seed: int,
              tt: TokenText | None = None) -> EvalResult:
     """Greedy and sampled accuracy on a fixed prompt set; the sampling RNG is forked so training is unaffected."""
     tt = tt or TokenText(tokenizer)
@@ -527,10 +555,10 @@ def evaluate(policy, ref, tokenizer, task: Task, problems: list[Problem], cfg, s
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
         greedy = generate(policy, tokenizer, [p.prompt for p in problems], do_sample=False, temperature=1.0,
-                          top_p=1.0, max_new_tokens=cfg.max_new_tokens)
+                          top_p=1.0, max_new_tokens=sampling.max_new_tokens)
         sampled = generate(policy, tokenizer, [p.prompt for p in problems], do_sample=True,
-                           temperature=cfg.eval_temperature, top_p=cfg.top_p, top_k=cfg.top_k,
-                           max_new_tokens=cfg.max_new_tokens)
+                           temperature=sampling.eval_temperature, top_p=sampling.top_p, top_k=sampling.top_k,
+                           max_new_tokens=sampling.max_new_tokens)
     input_ids, P = _pad_cat([greedy[0], sampled[0]], [greedy[2], sampled[2]], tokenizer.pad_token_id)
     attention_mask, _ = _pad_cat([greedy[1], sampled[1]], [greedy[2], sampled[2]], 0)
     lengths = attention_mask[:, P:].sum(-1).tolist()
@@ -542,13 +570,12 @@ def evaluate(policy, ref, tokenizer, task: Task, problems: list[Problem], cfg, s
             problem=problems[n % E], group_id=n % E, index_in_group=n // E, completion_ids=ids,
             completion=tt.completion_text(ids), truncated=not ids or ids[-1] != tokenizer.eos_token_id,
         ))
-    score(task, rollouts, tt, overlong_shaping=cfg.overlong_shaping, l_max=cfg.overlong_max_len,
-          l_cache=cfg.overlong_cache_len)
+    sampling.score(task, rollouts, tt)
     token_mask = attention_mask[:, P:].float()
-    old_logp, entropy = token_logprobs(policy, input_ids, attention_mask, P, cfg.temperature)
+    old_logp, entropy = token_logprobs(policy, input_ids, attention_mask, P, sampling.temperature)
     ref_logp = None
     if ref is not None:
-        ref_logp, _ = token_logprobs(ref, input_ids, attention_mask, P, cfg.temperature)
+        ref_logp, _ = token_logprobs(ref, input_ids, attention_mask, P, sampling.temperature)
         ref_logp = ref_logp * token_mask
     return EvalResult(
         rollouts=rollouts, input_ids=input_ids, attention_mask=attention_mask, prompt_len=P,

@@ -83,7 +83,16 @@ from engine.logrows import (
 )
 from engine.minibatches import minibatches, optimizer_step
 from engine.objectives import BatchTotals, policy_loss
-from engine.rollout import Batch, EvalResult, PromptSampler, TokenText, collect_batch, evaluate, token_logprobs
+from engine.rollout import (
+    Batch,
+    EvalResult,
+    PromptSampler,
+    Sampling,
+    TokenText,
+    collect_batch,
+    evaluate,
+    token_logprobs,
+)
 from engine.sampler import PolicySampler
 
 
@@ -302,7 +311,7 @@ class _Loop:
 
     def evaluate(self, step: int) -> EvalResult:
         # The same prompts every time; the sampled half uses a fixed seed per step, independent of training RNG.
-        return evaluate(self.policy, self.ref, self.tokenizer, self.task, self.eval_problems, self.cfg,
+        return evaluate(self.policy, self.ref, self.tokenizer, self.task, self.eval_problems, Sampling.of(self.cfg),
                         seed=1_000_003 * (step + 1) + self.cfg.seed, tt=self.tt)
 
     def reference_rows(self) -> dict | None:
@@ -404,10 +413,12 @@ def _train_step(loop: _Loop, step: int, stop: _StopFlag, deadline: float | None)
         loop.heldout = ev.accuracy_greedy
     # ---- log
     totals = step_totals(batch, records, cfg.group_size).reduced(world)  # sums over every rank's share
-    metrics = step_metrics(batch, records, ev, cfg, critic_stats, totals)
+    metrics = step_metrics(totals, records, ev, algo=cfg.algo, lr=cfg.lr, groups_kept=cfg.prompts_per_step,
+                           critic_stats=critic_stats)
     if not world.distributed:  # the mismatch metrics are of the whole batch, not sums a rank can add up
         metrics.update(mismatch_metrics(batch, records))
-    tables = step_tables(batch, records, ev, cfg, loop.tt, RankIds.gather(world, batch))
+    tables = step_tables(batch, records, ev, loop.tt, group_size=cfg.group_size, log_tokens=cfg.log_tokens,
+                         ids=RankIds.gather(world, batch))
     metrics["step_seconds"] = time.perf_counter() - t0
     loop.writer.log_step(step, metrics=metrics if world.is_main else None, ref_tokens=ref_rows, **tables)
     return metrics, stopping, final

@@ -167,6 +167,12 @@ def test_token_inspector_shows_the_logged_tokens_escaped_with_clip_marks(trained
     shown = dataframe(at, "token_text", "ratio", "old_logp")
     assert shown["token_text"].tolist() == tokens["token_text"].tolist()
     np.testing.assert_allclose(shown["old_logp"].to_numpy(), tokens["old_logp"].to_numpy(), rtol=1e-9)
+    # The rollout picker names every rollout of the step by its group (or eval prompt), reward, advantage, length.
+    rows = independent(logs_dir, "rollouts", "WHERE run = ? AND step = ?", [run, step])
+    assert sorted(at.selectbox(key="rollout").options) == sorted(
+        f"{r.rollout_id}: " + (f"eval prompt {r.prompt_id}" if r.kind == "eval" else
+                               f"group {r.group_id} #{r.index_in_group}")
+        + f" · reward {r.reward:.3g} · A {r.advantage:+.3g} · {r.length:.0f} tok" for r in rows.itertuples())
 
 
 def test_groups_page_matches_the_group_statistics(trained, monkeypatch):

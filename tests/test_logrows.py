@@ -7,7 +7,7 @@ import pytest
 import torch
 from conftest import tiny_config
 
-from engine.logrows import batch_from_tokens, pass_record, step_metrics, step_tables
+from engine.logrows import batch_from_tokens, pass_record, step_metrics, step_tables, step_totals
 from engine.objectives import CLIP_HIGH, CLIP_LOW, policy_loss
 from engine.rollout import Batch, Rollout, TokenText
 from engine.runlog import RunWriter
@@ -75,9 +75,11 @@ def test_a_batch_written_as_rows_reads_back_as_the_same_tensors(tmp_path, algo):
     batch = _batch(tokenizer)
     records, used_logp = _passes(batch, algo)
     cfg = tiny_config(algo=algo, batch_size=4, group_size=2, epochs=1, minibatches=2)
-    tables = step_tables(batch, records, None, cfg, TokenText(tokenizer))
+    tables = step_tables(batch, records, None, TokenText(tokenizer), group_size=cfg.group_size,
+                         log_tokens=cfg.log_tokens)
     with RunWriter.create(tmp_path, "round-trip", algorithm=algo, task="linear", config=cfg.to_dict()) as log:
-        log.log_step(1, metrics=step_metrics(batch, records, None, cfg), **tables)
+        log.log_step(1, metrics=step_metrics(step_totals(batch, records, cfg.group_size), records, None,
+                                           algo=cfg.algo, lr=cfg.lr, groups_kept=cfg.prompts_per_step), **tables)
 
     rows = tokens_at_update(str(tmp_path), "round-trip", 1, (0, 1, 2, 3), 0)  # what the weighting page reads
     logged = batch_from_tokens(rows)
@@ -111,7 +113,8 @@ def test_step_rows_number_ids_and_carry_the_objectives_diagnostics(tmp_path):
     batch = _batch(tokenizer)
     records, _ = _passes(batch, "gspo")
     cfg = tiny_config(algo="gspo", batch_size=4, group_size=2, epochs=1, minibatches=2)
-    tables = step_tables(batch, records, None, cfg, TokenText(tokenizer))
+    tables = step_tables(batch, records, None, TokenText(tokenizer), group_size=cfg.group_size,
+                         log_tokens=cfg.log_tokens)
 
     # Rollout b of the batch is rollout id b; its sequence ratio per pass is the one policy_loss reported.
     assert tables["rollouts"]["rollout_id"] == [0, 1, 2, 3]
@@ -120,8 +123,9 @@ def test_step_rows_number_ids_and_carry_the_objectives_diagnostics(tmp_path):
             assert tables["rollouts"]["seq_ratio"][i] == [s]
     # Token-level objectives have no sequence ratio.
     grpo_records, _ = _passes(batch, "grpo")
-    assert all(s is None for s in step_tables(batch, grpo_records, None, cfg, TokenText(tokenizer))
-               ["rollouts"]["seq_ratio"])
+    grpo_tables = step_tables(batch, grpo_records, None, TokenText(tokenizer), group_size=cfg.group_size,
+                              log_tokens=cfg.log_tokens)
+    assert all(s is None for s in grpo_tables["rollouts"]["seq_ratio"])
 
     # Step spans: step 0 covers tokens 0-1, step 1 the rest, in prm_steps and in each token's prm_step.
     prm = tables["prm_steps"]
@@ -141,7 +145,8 @@ def test_step_rows_number_ids_and_carry_the_objectives_diagnostics(tmp_path):
 
     # Clip fractions count the objective's codes over the loss tokens of every pass: here one epoch of two
     # mini-batches, so each token once (the count used to be the batch's tokens times the mini-batches per epoch).
-    metrics = step_metrics(batch, records, None, cfg)
+    metrics = step_metrics(step_totals(batch, records, cfg.group_size), records, None, algo=cfg.algo, lr=cfg.lr,
+                           groups_kept=cfg.prompts_per_step)
     n_tokens = sum(LENGTHS)
     assert metrics["clip_low_frac"] == pytest.approx(float((passes["clip"] == CLIP_LOW).sum()) / n_tokens)
     assert metrics["clip_high_frac"] == pytest.approx(float((passes["clip"] == CLIP_HIGH).sum()) / n_tokens)

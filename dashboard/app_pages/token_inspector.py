@@ -32,12 +32,18 @@ by_id = identified.set_index("rollout_id", drop=False)
 rollout_ids = [int(r) for r in identified["rollout_id"]]
 
 
-def describe(rollout_id: int) -> str:
-    r = by_id.loc[rollout_id]
+def describe(r) -> str:
+    """A rollout's label in the picker (`r`: its row)."""
     group = (f"eval prompt {common.plain(r.prompt_id)}" if common.plain(r.kind) == "eval"
              else f"group {common.plain(r.group_id)} #{common.plain(r.index_in_group)}")
-    return (f"{rollout_id}: {group} · reward {common.number(r.reward)} · A {common.number(r.advantage, '+.3g')} · "
-            f"{common.number(r.length, '.0f')} tok")
+    return (f"{int(r.rollout_id)}: {group} · reward {common.number(r.reward)} · "
+            f"A {common.number(r.advantage, '+.3g')} · {common.number(r.length, '.0f')} tok")
+
+
+# Built once from the rows: a format_func that looked each option's row up (`.loc`) took a third of a rerun's CPU
+# on a step of 514 rollouts.
+labels = {rollout_id: describe(r) for rollout_id, r in zip(rollout_ids, identified.itertuples(index=False),
+                                                           strict=True)}
 
 
 left, middle, right = st.columns([3, 2, 2])
@@ -45,7 +51,7 @@ rollout_id, problem = common.initial_value("rollout", "rollout", int, rollout_id
 if problem:
     st.warning(f"Rollout {common.linked('rollout')} is not in step {step}; showing rollout {rollout_id}.")
 st.session_state["rollout"] = rollout_id
-rollout_id = left.selectbox("Rollout", rollout_ids, key="rollout", format_func=describe)
+rollout_id = left.selectbox("Rollout", rollout_ids, key="rollout", format_func=labels.get)
 
 passes = common.load("the optimisation passes", queries.rollout_passes, logs, run, step, rollout_id)
 pass_ = None
