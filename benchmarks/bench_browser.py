@@ -40,7 +40,7 @@ import screenshots  # noqa: E402
 
 PAGES = {"runs": "", "replay": "replay", "groups": "groups", "tokens": "tokens", "prm steps": "prm",
          "weighting": "weighting", "trajectories": "trajectories", "token stats": "token-stats",
-         "advantages": "advantages"}
+         "advantages": "advantages", "mismatch": "mismatch"}
 
 
 

@@ -333,17 +333,21 @@ def describe(logs_dir: Path, run: str) -> None:
     import pyarrow.parquet as pq
 
     from engine.runlog import data_dir_of
+    from engine.runlog.layout import scan_segments
 
     sizes: dict[str, int] = {}
     rows: dict[str, int] = {}
-    for path in data_dir_of(logs_dir / run).rglob("*.parquet"):
+    # The live folders only: right after writing, the folders a merge replaced are still being deleted by a thread
+    # (counting them counted rows twice, and listing one as it vanished failed).
+    segments = scan_segments(data_dir_of(logs_dir / run))
+    for path in (p for segment in segments for p in Path(segment.path).glob("*.parquet")):
         sizes[path.stem] = sizes.get(path.stem, 0) + path.stat().st_size
         rows[path.stem] = rows.get(path.stem, 0) + pq.ParquetFile(path).metadata.num_rows
     tokens, passes = rows.get("tokens", 0), rows.get("token_passes", 0)
     print(f"{run}: {tokens:,} token rows ({sizes.get('tokens', 0) / max(tokens, 1):.1f} B/row), {passes:,} "
           f"token-pass rows ({sizes.get('token_passes', 0) / max(passes, 1):.1f} B/row), "
           f"{rows.get('rollouts', 0):,} rollouts, {sum(sizes.values()) / 1e9:.2f} GB, "
-          f"{len(list(data_dir_of(logs_dir / run).iterdir()))} folders")
+          f"{len(segments)} folders")
 
 
 def cpu_seconds() -> float:

@@ -681,17 +681,21 @@ def sampler_tokens(reader, run: str, step: int, rollout_ids: tuple[int, ...] | N
     """The tokens of a step's trained rollouts (train, not dropped by dynamic sampling; only `rollout_ids` when
     given) that have both the sampler's and the trainer's log-prob, with `log_ratio` = old_logp - sampler_logp,
     log(pi_trainer / pi_sampler). `everything=False`: only rollout_id, position, log_ratio and advantage (what the
-    corrections need; decoding the token texts is most of the query's time)."""
+    corrections need; decoding the token texts is most of the query's time). Some rollouts' tokens are bounded by
+    their id range too (`of_rollouts`), so a group's query decodes its row groups, not the whole step's. The rows
+    come in no particular order: sorting a step's 250k rows was a fifth of the query's time, and what reads them
+    (`dashboard.mismatch`, `recompute.correction_effects`) does not depend on their order."""
     more = "t.token_text, t.old_logp, t.sampler_logp, t.sampler_logp_full, t.entropy," if everything else ""
+    listed = rollout_ids is not None
     return reader.sql(
         f"""SELECT t.rollout_id, t.position, {more} t.old_logp - t.sampler_logp AS log_ratio, t.advantage
            FROM tokens t SEMI JOIN (
                SELECT rollout_id FROM rollouts
-               WHERE run = $run AND step = $step AND kind = 'train' AND NOT coalesce(filtered, false)
-                     AND ($ids IS NULL OR list_contains($ids, rollout_id))
+               WHERE {of_rollouts() if listed else "run = $run AND step = $step"}
+                     AND kind = 'train' AND NOT coalesce(filtered, false)
            ) r ON r.rollout_id = t.rollout_id
-           WHERE t.run = $run AND t.step = $step AND isfinite(t.old_logp - t.sampler_logp)
-           ORDER BY t.rollout_id, t.position""",
-        {"run": run, "step": step, "ids": None if rollout_ids is None else list(rollout_ids)},
+           WHERE {of_rollouts("t", listed=False) if listed else "t.run = $run AND t.step = $step"}
+                 AND isfinite(t.old_logp - t.sampler_logp)""",
+        rollouts_of_step(run, step, rollout_ids) if listed else {"run": run, "step": step},
     )
 

@@ -92,6 +92,20 @@ def test_worst_texts_come_first_with_their_worst_occurrence():
     assert row.loc["2", "worst_log_ratio"] == pytest.approx(math.log(2.9))
 
 
+def test_worst_texts_do_not_depend_on_the_order_of_the_rows():
+    """data.sampler_tokens returns the step's rows in no particular order: ties (equal |log-ratio|, equal counts)
+    go to the first occurrence by rollout and position, and to the text, whatever order the rows came in."""
+    tied = tokens_of([(r, p, text, -1.0, -1.0 - d) for r, p, text, d in [  # log-ratios d, exact in binary
+        (0, 0, "b", 0.0), (0, 1, "a", 0.25), (1, 0, "a", -0.25), (1, 1, "b", 0.0), (2, 4, "a", 0.25),
+        (2, 5, "c", 0.0)]])
+    for seed in range(5):
+        table = mismatch.by_text(tied.sample(frac=1, random_state=seed)).set_index("token_text")
+        # "a": three tokens at |log-ratio| 0.25, the first by (rollout, position) is rollout 0, position 1
+        assert (table.loc["a", "worst_rollout_id"], table.loc["a", "worst_position"]) == (0, 1)
+        assert (table.loc["b", "worst_rollout_id"], table.loc["b", "worst_position"]) == (0, 0)
+        assert table.index.tolist() == ["a", "b", "c"]  # b and c tie on everything but their text
+
+
 def test_sequences_carry_their_reward_and_advantage():
     rollouts = pd.DataFrame({"rollout_id": [0, 1], "group_id": [0, 0], "reward": [1.0, 0.0],
                              "advantage": [0.7, -0.7]})
