@@ -264,6 +264,13 @@ def group_summary(reader, run: str, step: int) -> pd.DataFrame:
     )
 
 
+def group_members(rollouts: pd.DataFrame, group_id) -> pd.DataFrame:
+    """The rollouts of one group of `group_summary`, in group order. A NULL group id (rollouts logged without a group,
+    which `group_summary` gathers in one row) takes every rollout without one: NULL never equals NULL."""
+    same = rollouts["group_id"].isna() if pd.isna(group_id) else rollouts["group_id"] == group_id
+    return rollouts[same].sort_values("index_in_group")
+
+
 def rollout_passes(reader, run: str, step: int, rollout_id: int) -> list[int]:
     """The optimisation passes that used a rollout. With mini-batches a rollout is in one pass per epoch, not in
     every pass of the step."""

@@ -228,9 +228,9 @@ def _groups(page: _Page, reader, run: str, step: int, rollouts: pd.DataFrame) ->
         return
     page.add(html_table(groups[[c for c in GROUP_COLUMNS if c in groups.columns]]))
     for group in groups.itertuples(index=False):
-        members = train[train["group_id"] == group.group_id].sort_values("index_in_group")
-        page.add(f"<details><summary>group {int(group.group_id)} · {html.escape(str(group.outcome))} · reward mean "
-                 f"{group.reward_mean:.3f}: {html.escape(str(group.prompt))}</summary>"
+        members = data.group_members(train, group.group_id)
+        page.add(f"<details><summary>group {number(group.group_id, '.0f')} · {html.escape(str(group.outcome))} · "
+                 f"reward mean {group.reward_mean:.3f}: {html.escape(str(group.prompt))}</summary>"
                  f"{html_table(members[COMPLETION_COLUMNS])}</details>")
 
 

@@ -336,3 +336,29 @@ def test_report_includes_the_steps_sampler_mismatch(tiny_process_run):
         writer.log_step(0, rollouts={"rollout_id": [0], "group_id": [0], "kind": ["train"], "completion": ["x"]},
                         tokens={"rollout_id": [0], "position": [0], "token_text": ["x"], "old_logp": [-0.1]})
     assert "Sampler/trainer mismatch" not in build_report(str(Path(logs_dir).parent / "no-sampler"), "plain", 0)
+
+
+def test_train_rollouts_without_a_group_are_shown_as_one_ungrouped_set(tmp_path, monkeypatch):
+    """A run logged through RunWriter by hand may leave `group_id` empty: the report and the Groups page list those
+    rollouts under one "no group" row with their completions instead of failing or dropping them."""
+    from streamlit.testing.v1 import AppTest
+
+    from dashboard.report import build_report
+    from engine.runlog import RunWriter
+
+    with RunWriter.create(tmp_path, "ungrouped", config={}) as writer:
+        writer.log_step(0, rollouts={"rollout_id": [0, 1, 2], "group_id": [None, None, 0], "index_in_group": [0, 1, 0],
+                                     "kind": ["train"] * 3, "completion": ["alpha", "beta", "gamma"],
+                                     "reward": [1.0, 0.0, 1.0]})
+    text = build_report(str(tmp_path), "ungrouped", 0)
+    ungrouped = text[text.index("group – ·"):]
+    assert "alpha" in ungrouped[:ungrouped.index("</details>")] and "beta" in ungrouped[:ungrouped.index("</details>")]
+
+    monkeypatch.setenv("POLICYLENS_LOGS_DIR", str(tmp_path))
+    at = AppTest.from_file(str(Path(__file__).resolve().parent.parent / "dashboard" / "streamlit_app.py"),
+                           default_timeout=120)
+    at.query_params["run"], at.query_params["step"] = "ungrouped", "0"
+    at.run()
+    at.switch_page("app_pages/groups.py").run()
+    assert not at.exception, [e.message for e in at.exception]
+    assert {"alpha", "beta", "gamma"} <= {c.value for c in at.code}

@@ -74,7 +74,7 @@ if shown.empty:
 pages = max(1, -(-len(shown) // GROUPS_PER_PAGE))
 page = st.number_input("Page", 1, pages, 1, key="group_page") if pages > 1 else 1
 for group in shown.iloc[(page - 1) * GROUPS_PER_PAGE: page * GROUPS_PER_PAGE].itertuples(index=False):
-    members = rollouts[rollouts["group_id"] == group.group_id].sort_values("index_in_group")
+    members = data.group_members(rollouts, group.group_id)
     mark = f" · **dropped** ({common.md(group.filter_reason)})" if common.flag(group.filtered) else ""
     with st.container(border=True):
         st.markdown(f"**Group {common.md(group.group_id)}** · {group.outcome} · reward mean "
