@@ -103,7 +103,9 @@ class Importer:
         if first is None:
             return report
         writer = self._open()
-        report.imported = writer.log_stream(self._log_arguments(item) for item in itertools.chain([first], new_steps))
+        steps = itertools.chain([first], new_steps)
+        del first  # else the first step's rows stay in memory for the whole import
+        report.imported = writer.log_stream(self._log_arguments(item) for item in steps)
         writer.set_status("finished")
         return report
 

@@ -322,6 +322,7 @@ class RunWriter:
                 if folder is None:
                     folder = FolderWriter(self.data_dir, self.rank, f"chunk-{step:09d}")
                 self._submit(_add_to_chunk, folder, tables)
+                del tables, kwargs  # the writer thread frees them once encoded, while the next step is read
                 group.append(step)
                 self.last_step = step
                 if len(group) == self.compact_every:
