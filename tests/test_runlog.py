@@ -464,7 +464,7 @@ def test_sql_is_read_only_over_the_run_s_data(tmp_path, attack):
     logs, outside = tmp_path / "logs", tmp_path / "outside"
     outside.mkdir()
     (outside / "secret.csv").write_text("a,b\n1,2\n")
-    write_run(logs, "a", 2)
+    settled(write_run(logs, "a", 2))  # the closing merge's old folders deleted before the listing, not during
     write_run(logs, "b", 1)
     before = sorted(p for p in tmp_path.rglob("*"))
     r = RunReader(logs, runs="a")
