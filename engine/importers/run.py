@@ -12,11 +12,10 @@ Ctrl-C closes it as `finished`.
 
 from __future__ import annotations
 
-import itertools
 import math
 import os
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -103,7 +102,7 @@ class Importer:
         if first is None:
             return report
         writer = self._open()
-        steps = itertools.chain([first], new_steps)
+        steps = _first_then_rest([first], new_steps)
         del first  # else the first step's rows stay in memory for the whole import
         report.imported = writer.log_stream(self._log_arguments(item) for item in steps)
         writer.set_status("finished")
@@ -129,6 +128,13 @@ class Importer:
         if self.writer is not None:
             self.writer.close("finished")
             self.writer = None
+
+
+def _first_then_rest(box: list[Step], rest: Iterator[Step]) -> Iterator[Step]:
+    """The step in `box`, then `rest`; the step is taken out of the box, so nothing keeps it once written
+    (`itertools.chain([first], rest)` would hold it for the whole import)."""
+    yield box.pop()
+    yield from rest
 
 
 def _load_tokenizer(tokenizer_dir):
