@@ -11,7 +11,16 @@ import pytest
 from synthetic_runs import write_run_before_columns
 
 from engine.cli import main
-from engine.runlog import ADDED_COLUMNS, TABLE_SCHEMAS, RunLogError, RunReader, RunWriter, data_dir_of, table_rows
+from engine.runlog import (
+    ADDED_COLUMNS,
+    FILE_SCHEMAS,
+    TABLE_SCHEMAS,
+    RunLogError,
+    RunReader,
+    RunWriter,
+    data_dir_of,
+    table_rows,
+)
 
 NEW = ["sampler_logp", "sampler_logp_full"]
 
@@ -86,7 +95,7 @@ def test_a_run_logged_before_the_columns_reads_them_as_null_and_compacts_into_th
     writer.log_step(2, tokens=fresh)
     writer.close()
     (chunk,) = data_dir_of(tmp_path / "old").glob("chunk-*/tokens.parquet")
-    assert pq.read_schema(chunk).remove_metadata().equals(TABLE_SCHEMAS["tokens"])
+    assert pq.read_schema(chunk).remove_metadata().equals(FILE_SCHEMAS["tokens"])
     with RunReader(tmp_path) as reader:
         got = reader.sql("SELECT step, sampler_logp FROM tokens ORDER BY step, position")
     assert got.step.tolist() == [1] * 4 + [2] * 2

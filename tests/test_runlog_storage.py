@@ -1,11 +1,13 @@
-"""The run log's compact storage (engine/runlog/derived.py, schema.py): float32 per-token values, token-pass
-values left out where the token row gives them back, each pass row's entropy decile, and runs of the previous
-layout (float64, every pass value stored) still read and compacted."""
+"""The run log's compact storage (engine/runlog/derived.py, schema.py): float32 per-token values, sampler log-probs
+left out where they repeat another column of the token row, token-pass values left out where the token row gives
+them back, each pass row's entropy decile, and runs of the previous layout (float64, every value stored) still read
+and compacted."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
+import duckdb
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -14,9 +16,9 @@ import torch
 
 from engine.objectives import policy_loss
 from engine.runlog import RunReader, RunWriter, data_dir_of
-from engine.runlog.derived import entropy_deciles
+from engine.runlog.derived import entropy_deciles, stored_tokens
 from engine.runlog.layout import scan_segments
-from engine.runlog.schema import TABLE_SCHEMAS
+from engine.runlog.schema import FILE_SCHEMAS, TABLE_SCHEMAS, table_rows
 
 
 def _deciles(rollout_ids, entropies) -> list[int]:
@@ -55,9 +57,14 @@ def _step(algo: str, seed: int = 0, kl_of=None) -> dict:
     adv = torch.randn(B, 1, generator=g).expand(B, T)
     keep = mask.bool()
     rid, pos = keep.nonzero(as_tuple=True)
+    # the sampler: the policy itself for responses 0 and 1 (its log-probs are old_logp's), another engine for 2 and
+    # 3, which truncated response 3 with top-p (its full log-prob is lower)
+    sampler = torch.where(torch.arange(B)[:, None] < 2, old, old + 0.01 * torch.randn(B, T, generator=g))
+    sampler_full = torch.where(torch.arange(B)[:, None] == 3, sampler - 0.1, sampler)
     tokens = {"rollout_id": rid.numpy(), "position": pos.numpy(), "old_logp": old[keep].numpy(),
               "ref_logp": ref[keep].numpy(), "entropy": torch.rand(B, T, generator=g)[keep].numpy(),
-              "advantage": adv[keep].numpy()}
+              "advantage": adv[keep].numpy(), "sampler_logp": sampler[keep].numpy(),
+              "sampler_logp_full": sampler_full[keep].numpy()}
     passes = []
     for p in range(2):
         new = old + (0.05 * p) * torch.randn(B, T, generator=g)  # pass 0 on-policy: ratio exactly 1
@@ -106,6 +113,51 @@ def test_values_the_token_row_does_not_give_are_stored(tmp_path):
     np.testing.assert_allclose(read.kl, given["kl"], rtol=1e-6, atol=1e-7)
 
 
+def test_sampler_log_probs_that_repeat_a_column_are_stored_once(tmp_path):
+    step = _step("grpo")
+    tokens = step["tokens"]
+    rollout = tokens["rollout_id"]
+    # an import with the sampler's log-prob but not the full one (NULL, not "equal"), one value 1 ulp off old_logp
+    tokens["sampler_logp_full"] = np.where(rollout == 1, np.nan, tokens["sampler_logp_full"])
+    tokens["sampler_logp_full"] = [None if np.isnan(v) else v for v in tokens["sampler_logp_full"]]
+    tokens["sampler_logp"][0] = np.nextafter(tokens["old_logp"][0], np.float32(0))
+    with RunWriter.create(tmp_path, "sampler", background=False) as writer:
+        writer.log_step(0, **step)
+    (path,) = data_dir_of(tmp_path / "sampler").rglob("tokens.parquet")
+    stored = pq.read_table(path)
+    assert stored.schema.equals(FILE_SCHEMAS["tokens"])
+    # rollouts 0 and 1: sampler = old; 0, 2: full = sampler; 1: full NULL, 3: differs; token 0: neither (1 ulp)
+    first = np.arange(len(rollout)) == 0
+    same_as_old = (rollout < 2) & ~first
+    same_as_sampler = ((rollout == 0) | (rollout == 2)) & ~first
+    np.testing.assert_array_equal(stored["sampler_logp"].is_null().to_numpy(zero_copy_only=False), same_as_old)
+    np.testing.assert_array_equal(stored["sampler_logp_full"].is_null().to_numpy(zero_copy_only=False),
+                                  same_as_sampler | (rollout == 1))
+    np.testing.assert_array_equal(stored["elided"].to_numpy(), same_as_old * 1 + same_as_sampler * 2)
+    with RunReader(tmp_path) as reader:
+        read = reader.sql("SELECT * FROM tokens ORDER BY rollout_id, position")
+        exported = reader.export(tmp_path / "sampler.duckdb")
+    assert list(read.columns) == TABLE_SCHEMAS["tokens"].names  # `elided` is the files' own
+    for name in ("old_logp", "sampler_logp"):  # exactly the logged float32 values
+        np.testing.assert_array_equal(read[name].to_numpy(), np.asarray(tokens[name], np.float32))
+    full = np.array([np.nan if v is None else v for v in tokens["sampler_logp_full"]], np.float32)
+    np.testing.assert_array_equal(read.sampler_logp_full.to_numpy(), full)  # NaN where NULL, as logged
+    with duckdb.connect(str(exported), read_only=True) as con:
+        assert con.execute("SELECT count(sampler_logp), count(sampler_logp_full) FROM tokens").fetchone() == (
+            len(rollout), int((rollout != 1).sum()))
+
+
+def test_stored_tokens_compares_bits():
+    """-0.0 and 0.0 are equal numbers with other bits (kept); NaN repeats NaN (left out: it reads back as NaN)."""
+    rows = table_rows("tokens", {"rollout_id": [0, 0, 0], "position": [0, 1, 2], "old_logp": [0.0, np.nan, -1.5],
+                                 "sampler_logp": [-0.0, np.nan, -1.5], "sampler_logp_full": [None, np.nan, -1.25]},
+                      "r", 0)
+    stored = stored_tokens(rows)
+    assert stored["elided"].to_pylist() == [0, 1 | 2, 1]
+    assert stored["sampler_logp"].is_null().to_pylist() == [False, True, True]
+    assert stored["sampler_logp_full"].to_pylist()[2] == -1.25
+
+
 def test_a_query_that_reads_no_derived_column_reads_no_token_file(tmp_path):
     """The view's join with the tokens is grouped on the key, so DuckDB drops it when no derived column is read:
     sums over every pass row cost a scan of the passes alone."""
@@ -122,9 +174,11 @@ _PREVIOUS_RELEASE = ("entropy_decile", "token_text")  # token-pass columns the p
 
 def _to_previous_layout(logs_dir, name: str) -> None:
     """Rewrite a run's step folders as the release before this layout wrote them: float64 per-token values, every
-    pass value stored (new_logp and kl as the current view derives them), no columns of `_PREVIOUS_RELEASE`."""
+    value stored (new_logp, kl and the sampler log-probs as the current views derive them), no `elided` and no
+    columns of `_PREVIOUS_RELEASE`."""
     with RunReader(logs_dir, runs=name) as reader:
         passes = reader.sql("SELECT * FROM token_passes ORDER BY step, rollout_id, \"pass\", position")  # file order
+        tokens = reader.sql("SELECT * FROM tokens ORDER BY step, rollout_id, position")
     live = scan_segments(data_dir_of(logs_dir / name))  # not the folders a merge replaced (being deleted)
     for path in (p for segment in live for p in Path(segment.path).glob("*.parquet")):
         table = path.stem
@@ -134,6 +188,11 @@ def _to_previous_layout(logs_dir, name: str) -> None:
             for column in ("new_logp", "kl"):
                 rows = rows.set_column(rows.schema.get_field_index(column), column,
                                        pa.array(mine[column].to_numpy(np.float32)))
+        if table == "tokens":
+            mine = tokens[tokens.step.isin(set(rows["step"].to_pylist()))]
+            for column in ("sampler_logp", "sampler_logp_full"):
+                rows = rows.set_column(rows.schema.get_field_index(column), column,
+                                       pa.array(mine[column].to_numpy(np.float32), from_pandas=True))
         fields = [pa.field(f.name, pa.float64()) if f.type == pa.float32() else f for f in TABLE_SCHEMAS[table]
                   if table != "token_passes" or f.name not in _PREVIOUS_RELEASE]
         pq.write_table(pa.Table.from_arrays([rows[f.name].cast(f.type) for f in fields],
@@ -144,12 +203,15 @@ def test_a_run_of_the_previous_layout_reads_and_compacts(tmp_path):
     step = _step("grpo")
     with RunWriter.create(tmp_path, "old", background=False, compact_every=1000) as writer:
         writer.log_step(0, **step)
+    tokens_sql = "SELECT * FROM tokens ORDER BY step, rollout_id, position"
     with RunReader(tmp_path) as reader:
         expected = reader.sql("SELECT * FROM token_passes ORDER BY rollout_id, \"pass\", position")
+        expected_tokens = reader.sql(tokens_sql)
     _to_previous_layout(tmp_path, "old")
     data = data_dir_of(tmp_path / "old")
     with RunReader(tmp_path) as reader:
         assert reader.problems == []
+        pd_testing_equal(reader.sql(tokens_sql), expected_tokens)
         old = reader.sql("SELECT * FROM token_passes ORDER BY rollout_id, \"pass\", position")
         assert old.entropy_decile.isna().all() and old.token_text.isna().all()
         pd_testing_equal(old.drop(columns=list(_PREVIOUS_RELEASE)), expected.drop(columns=list(_PREVIOUS_RELEASE)))
@@ -160,6 +222,8 @@ def test_a_run_of_the_previous_layout_reads_and_compacts(tmp_path):
     assert pq.read_schema(chunk).remove_metadata().equals(TABLE_SCHEMAS["token_passes"])
     with RunReader(tmp_path) as reader:
         both = reader.sql("SELECT * FROM token_passes ORDER BY step, rollout_id, \"pass\", position")
+        both_tokens = reader.sql(tokens_sql)
+    pd_testing_equal(both_tokens[both_tokens.step == 0], expected_tokens)
     pd_testing_equal(both[both.step == 0].drop(columns=list(_PREVIOUS_RELEASE)),
                      expected.drop(columns=list(_PREVIOUS_RELEASE)))
 

@@ -1,6 +1,7 @@
-"""Token-pass values the run log does not store when the step's tokens determine them, and the SQL that derives
-them again; plus what the writer copies or computes from the token rows into each pass row (its token's text and
-entropy decile within its response), so that statistics over a whole run read the passes without joining tokens.
+"""Token values the run log does not store when another column holds them, token-pass values it does not store
+when the step's tokens determine them, and the SQL that derives them again; plus what the writer copies or computes
+from the token rows into each pass row (its token's text and entropy decile within its response), so that
+statistics over a whole run read the passes without joining tokens.
 
 What a pass row would repeat from its token row:
 - `new_logp` = old_logp + ln(ratio) for a token-level ratio (GRPO, DAPO, PPO...; not for a sequence-level ratio
@@ -11,6 +12,12 @@ The writer leaves such a value out (NULL) on the rows where the derivation gives
 row where the producer's value differs (another estimator, a clamp) keeps it as given. The ratio itself is
 stored, not new_logp, since on-policy passes have ratio exactly 1 (almost free to store) and the ratio is what most
 questions about passes ask for, without reading the tokens.
+
+What a token row would repeat from itself (`stored_tokens`): a run whose sampler is the policy logs sampler_logp
+equal to old_logp, and one sampled without top-p / top-k truncation logs sampler_logp_full equal to sampler_logp
+(7 of a token row's 19 bytes when both are repeated). The writer leaves a value out (NULL) where it is bit-for-bit the
+other column's and sets the row's `elided` bit (schema.STORED_ONLY); the `tokens` view reads the other column there
+(`tokens_sql`). A NULL without the bit stays NULL: an import with the sampler's log-prob but not its full one.
 
 The entropy decile (`entropy_deciles`): with r the number of tokens of the response whose entropy is lower than
 the token's and n the number of tokens with an entropy, the number of k in 1..9 with k (n - 1) / 10 < r, i.e. the
@@ -39,6 +46,44 @@ def _token_keys(table: pa.Table) -> np.ndarray:
     rollout = pc.fill_null(table["rollout_id"], -1).to_numpy().astype(np.int64)
     position = pc.fill_null(table["position"], -1).to_numpy().astype(np.int64)
     return (rollout << 32) + position
+
+
+ELIDED_TOKEN_COLUMNS = (("sampler_logp", "old_logp"), ("sampler_logp_full", "sampler_logp"))
+"""(column, the column it repeats) pairs of `stored_tokens`; the i-th pair is bit 1 << i of `tokens.elided`."""
+
+
+def _float32_bits(table: pa.Table, column: str) -> tuple[np.ndarray, np.ndarray]:
+    """(n,) uint32 bit patterns of a float32 column (0 where NULL) and (n,) bool: not NULL."""
+    values = table[column].combine_chunks()
+    present = np.asarray(values.is_valid())
+    return np.asarray(pc.fill_null(values, 0.0)).view(np.uint32), present
+
+
+def stored_tokens(tokens: pa.Table | None) -> pa.Table | None:
+    """One step's token rows (run-log schema) as stored (schema.FILE_SCHEMAS): each value of
+    `ELIDED_TOKEN_COLUMNS` NULL where it is bit-for-bit the value it repeats, with `elided` saying so."""
+    if tokens is None:
+        return None
+    elided = np.zeros(tokens.num_rows, dtype=np.int8)  # (n,)
+    bits = {name: _float32_bits(tokens, name) for pair in ELIDED_TOKEN_COLUMNS for name in pair}
+    for i, (column, source) in enumerate(ELIDED_TOKEN_COLUMNS):  # compared before any value is left out
+        (value, has_value), (repeated, has_repeated) = bits[column], bits[source]
+        elided |= np.where(has_value & has_repeated & (value == repeated), np.int8(1 << i), np.int8(0))
+    for i, (column, _) in enumerate(ELIDED_TOKEN_COLUMNS):
+        kept = pc.if_else(pa.array((elided & (1 << i)) != 0), pa.scalar(None, pa.float32()), tokens[column])
+        tokens = tokens.set_column(tokens.schema.get_field_index(column), column, kept)
+    return tokens.append_column("elided", pa.array(elided, pa.int8()))
+
+
+def tokens_sql(stored: str, columns: list[str]) -> str:
+    """The `tokens` view: `columns` (the table's) of the stored rows `stored`, the values `stored_tokens` left
+    out read from the column they repeat (in files without `elided`, NULL: every value as stored)."""
+    expressions = {}
+    for i, (column, source) in enumerate(ELIDED_TOKEN_COLUMNS):
+        repeated = expressions.get(source, f'"{source}"')
+        expressions[column] = f'CASE WHEN elided & {1 << i} <> 0 THEN {repeated} ELSE "{column}" END'
+    return "SELECT " + ", ".join(f'{expressions[c]} AS "{c}"' if c in expressions else f'"{c}"'
+                                 for c in columns) + f" FROM {stored}"
 
 
 def entropy_deciles(tokens: pa.Table) -> np.ndarray:

@@ -17,7 +17,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from engine.runlog.schema import TABLE_SCHEMAS
+from engine.runlog.schema import FILE_SCHEMAS
 
 _ROW_GROUP_ROWS = 32_768
 # Row groups of the per-token tables are this many times larger. DuckDB pays ~10 us per row group of a file for
@@ -99,7 +99,7 @@ class FolderWriter:
     def _write(self, table: str, rows: pa.Table) -> None:
         writer = self._writers.get(table)
         if writer is None:
-            schema = TABLE_SCHEMAS[table]
+            schema = FILE_SCHEMAS[table]
             writer = self._writers[table] = pq.ParquetWriter(
                 self.tmp / f"{table}.parquet", schema, compression="zstd", **column_options(schema))
         writer.write_table(rows, row_group_size=row_group_rows(table))

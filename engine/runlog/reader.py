@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any
 import duckdb
 import pyarrow as pa
 
-from engine.runlog.derived import STORED, TOKEN_PASSES_SQL
+from engine.runlog.derived import STORED, TOKEN_PASSES_SQL, tokens_sql
 from engine.runlog.layout import (
     RunInfo,
     RunLogError,
@@ -35,7 +35,7 @@ from engine.runlog.layout import (
     validate_run_name,
 )
 from engine.runlog.repair import LEGACY, check_file, damaged_pages
-from engine.runlog.schema import DATA_TABLES, RUNS_SCHEMA, TABLE_SCHEMAS, columns_ddl, view_schema
+from engine.runlog.schema import DATA_TABLES, FILE_SCHEMAS, RUNS_SCHEMA, TABLE_SCHEMAS, columns_ddl, view_schema
 
 if TYPE_CHECKING:  # pandas is imported only when a DataFrame is asked for: `policylens runs` starts faster
     import pandas as pd
@@ -56,9 +56,11 @@ def _sql_str(value: str) -> str:
 
 def _view_sql(table: str, files: Callable[[str], str]) -> str:
     """SQL of a table's view over `files(table)`, the SQL names of its stored rows: the stored rows as they are,
-    but for `token_passes`, which derives the values the writer left out (engine.runlog.derived)."""
+    but for `tokens` and `token_passes`, which derive the values the writer left out (engine.runlog.derived)."""
     if table == "token_passes":
         return TOKEN_PASSES_SQL.format(passes=files("token_passes"), tokens=files("tokens"))
+    if table == "tokens":
+        return tokens_sql(files("tokens"), TABLE_SCHEMAS["tokens"].names)
     return f"SELECT * FROM {files(table)}"
 
 
@@ -69,7 +71,7 @@ def _parquet_source(table: str, paths: list[str], legacy: bool, empty: str) -> s
     listing = ", ".join(_sql_str(p) for p in paths)
     # float32 columns read as DOUBLE (`view_schema`), whichever type a file has
     columns = ", ".join(f'CAST("{f.name}" AS DOUBLE) AS "{f.name}"' if pa.types.is_float32(f.type) else f'"{f.name}"'
-                        for f in TABLE_SCHEMAS[table])
+                        for f in FILE_SCHEMAS[table])
     files = f"read_parquet([{listing}], hive_partitioning = true, hive_types = {{'run': 'VARCHAR'}}"
     if not legacy:
         return f"SELECT {columns} FROM {files})"
@@ -186,7 +188,7 @@ class RunReader:
     def _create_internal_tables(con: duckdb.DuckDBPyConnection) -> None:
         # Plain SQL tables, not registered Python objects: registering makes DuckDB import pandas (1 s).
         con.execute("CREATE SCHEMA IF NOT EXISTS _runlog")  # out of the way of users' SHOW TABLES
-        for table, schema in {**TABLE_SCHEMAS, "runs": RUNS_SCHEMA}.items():
+        for table, schema in {**FILE_SCHEMAS, "runs": RUNS_SCHEMA}.items():  # the stored rows' columns
             con.execute(f"CREATE OR REPLACE TABLE _runlog.empty_{table} ({columns_ddl(view_schema(schema))})")
 
     def __enter__(self) -> RunReader:
@@ -495,7 +497,8 @@ class RunReader:
                     with duckdb.connect(str(tmp)) as out:
                         for table in DATA_TABLES:
                             out.execute(f"CREATE TABLE {table} ({columns_ddl(view_schema(TABLE_SCHEMAS[table]))})")
-                            out.execute(f"CREATE TEMP TABLE empty_{table} AS FROM {table} LIMIT 0")
+                            out.execute(f"CREATE TEMP TABLE empty_{table} "
+                                        f"({columns_ddl(view_schema(FILE_SCHEMAS[table]))})")
                             paths = self._views[table]
                             legacy = not self._legacy_files.isdisjoint(paths)
                             source = (_parquet_source(table, paths, legacy, f"empty_{table}") if paths

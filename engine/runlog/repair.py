@@ -20,7 +20,7 @@ import pyarrow.parquet as pq
 
 from engine.runlog.files import FolderWriter, write_folder
 from engine.runlog.layout import STEP_DIR_RE, Segment, chunk_dir, next_seq, remove_tree, scan_segments
-from engine.runlog.schema import DATA_TABLES, TABLE_SCHEMAS, older_schema_missing, with_added_columns
+from engine.runlog.schema import DATA_TABLES, FILE_SCHEMAS, older_schema_missing, with_added_columns
 
 MERGE_FAN_IN = 8
 # A reader lists a data folder with readdir, which is not a snapshot: an entry added or removed during the
@@ -135,7 +135,7 @@ def check_file(path: str, table: str) -> str | None:
     except Exception as err:  # pyarrow raises several types for garbage
         return f"damaged or not a Parquet file ({type(err).__name__}: {err})"
     schema = schema.remove_metadata()
-    if schema.equals(TABLE_SCHEMAS[table]):
+    if schema.equals(FILE_SCHEMAS[table]):
         return None
     if older_schema_missing(table, schema) is not None:
         return LEGACY

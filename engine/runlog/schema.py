@@ -112,6 +112,15 @@ TABLE_SCHEMAS: dict[str, pa.Schema] = {
 DATA_TABLES = tuple(TABLE_SCHEMAS)
 ALL_TABLES = ("runs", *DATA_TABLES)
 
+# Columns of a table's files that its view does not show: how to read the stored rows back (engine.runlog.derived).
+# `tokens.elided`: which values the writer left out because another column of the row holds them (bit 1:
+# sampler_logp = old_logp, bit 2: sampler_logp_full = sampler_logp); 0 or NULL (files written before it): none.
+STORED_ONLY: dict[str, tuple[pa.Field, ...]] = {"tokens": (pa.field("elided", pa.int8()),)}
+FILE_SCHEMAS: dict[str, pa.Schema] = {
+    table: pa.schema([*schema, *STORED_ONLY.get(table, ())]) for table, schema in TABLE_SCHEMAS.items()
+}
+"""The columns of each table's Parquet files: the table's (`TABLE_SCHEMAS`), then its `STORED_ONLY` ones."""
+
 # Columns added after files were first written with SCHEMA_VERSION 1: a file without some of them is still read
 # (they read as NULL) and rewritten with them when compacted, so older runs stay visible and resumable. A new
 # column goes at the end of its table and here (see CONTRIBUTING.md, "How to add a table column").
@@ -119,7 +128,7 @@ ADDED_COLUMNS: dict[str, tuple[str, ...]] = {
     "steps": ("value_loss", "value_clip_frac", "explained_variance", "critic_grad_norm", "critic_seconds",
               "critic_memory_mb", "advantage_mean", "advantage_std"),
     "rollouts": ("rank", "reward_components"),
-    "tokens": ("value", "return", "kl_reward", "sampler_logp", "sampler_logp_full", "extra", "dump"),
+    "tokens": ("value", "return", "kl_reward", "sampler_logp", "sampler_logp_full", "extra", "dump", "elided"),
     "token_passes": ("is_weight", "rejected", "entropy_decile", "token_text"),
 }
 # Columns whose type changed since files were first written: a file with the older type is read (as the wider
@@ -167,7 +176,7 @@ def older_schema_missing(table: str, schema: pa.Schema) -> list[str] | None:
     """The added columns a file of `table` with `schema` lacks (possibly none), if it is a file of an older
     release (every column it has is the table's, in order, of the current type or of its `OLDER_TYPES` one; only
     columns of `ADDED_COLUMNS` missing); else None (also for a file in the current schema)."""
-    current = TABLE_SCHEMAS[table]
+    current = FILE_SCHEMAS[table]
     if schema.equals(current):
         return None
     missing = [name for name in current.names if name not in schema.names]
@@ -186,7 +195,7 @@ def older_schema_missing(table: str, schema: pa.Schema) -> list[str] | None:
 def with_added_columns(piece: pa.Table, table: str) -> pa.Table:
     """Rows of a file of an older release (see `older_schema_missing`) in the current schema: the new columns
     NULL, the columns of `OLDER_TYPES` cast to their current type."""
-    schema = TABLE_SCHEMAS[table]
+    schema = FILE_SCHEMAS[table]
     if piece.schema.equals(schema):
         return piece
     n = piece.num_rows

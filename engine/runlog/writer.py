@@ -20,7 +20,7 @@ from typing import Any
 import pyarrow as pa
 
 from engine.runlog import repair
-from engine.runlog.derived import stored_passes
+from engine.runlog.derived import stored_passes, stored_tokens
 from engine.runlog.files import FolderWriter, write_folder
 from engine.runlog.layout import (
     STATUSES,
@@ -232,6 +232,7 @@ class RunWriter:
             raise TypeError(f"unknown table argument(s) {unknown}; the tables are metrics, {', '.join(_ROW_TABLES)}")
         tables = {table: table_rows(table, data.get(table), self.name, step) for table in _ROW_TABLES}
         tables["token_passes"] = stored_passes(tables["tokens"], tables["token_passes"])
+        tables["tokens"] = stored_tokens(tables["tokens"])
         if metrics is not None:
             metrics = dict(metrics)
             step_seconds = metrics.pop("step_seconds", None)
