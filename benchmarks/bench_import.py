@@ -140,7 +140,7 @@ def child(source: str, export: Path, logs: Path) -> None:
     importer = Importer(source, export, logs, "bench")
     report = importer.poll()
     polled = time.perf_counter() - t0
-    importer.close()  # merges the step folders into one chunk (RunWriter's compaction)
+    importer.close()  # nothing left to merge: the steps went straight into their final chunks (log_stream)
     seconds, cpu = time.perf_counter() - t0, time.process_time() - cpu0  # CPU time of every thread
     with RunReader(logs) as reader:  # what was written, counted after the clock stopped
         rows = int(reader.sql("SELECT count(*) FROM tokens WHERE run = 'bench'").iloc[0, 0])

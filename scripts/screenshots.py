@@ -1,6 +1,7 @@
 """Save a PNG of every dashboard page, for the README.
 
     python scripts/screenshots.py --logs-dir logs --out docs/screenshots [--run NAME] [--rollout ID]
+    python scripts/screenshots.py --logs-dir logs --out docs --pages token_inspector --channel mismatch
 
 Starts the dashboard on a free loopback port, opens each page in headless Chromium (Debian's /usr/bin/chromium,
 driven by Playwright; set CHROMIUM to use another binary) and writes <out>/<page>.png. Uses the newest run unless
@@ -150,6 +151,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--run", default=None)
     parser.add_argument("--rollout", type=int, default=None)
     parser.add_argument("--width", type=int, default=1500)
+    parser.add_argument("--pages", nargs="+", choices=list(PAGES), default=list(PAGES), help="the pages to save")
+    parser.add_argument("--channel", help="the token inspector's colour channel (default: the ratio)")
     args = parser.parse_args(argv)
 
     from playwright.sync_api import sync_playwright
@@ -161,8 +164,11 @@ def main(argv: list[str] | None = None) -> int:
     with serve_dashboard(args.logs_dir) as url, sync_playwright() as playwright:
         browser = launch_browser(playwright)
         page = browser.new_page(viewport={"width": args.width, "height": 1100})
-        for name, (path, extra) in PAGES.items():
+        for name in args.pages:
+            path, extra = PAGES[name]
             params = {"run": run, **extra}
+            if args.channel and name == "token_inspector":
+                params["channel"] = args.channel
             if rollout is not None and name == "token_inspector":
                 params["rollout"] = str(rollout)
             if name == "mismatch":
@@ -183,7 +189,7 @@ def main(argv: list[str] | None = None) -> int:
             page.set_viewport_size({"width": args.width, "height": min(int(height) + 40, 8000)})
             time.sleep(1.0)
             target = out / f"{name}.png"
-            page.screenshot(path=str(target), full_page=True)
+            page.screenshot(path=str(target), full_page=True, timeout=180_000)  # a busy machine draws slowly
             page.set_viewport_size({"width": args.width, "height": 1100})
             print(target)
         browser.close()

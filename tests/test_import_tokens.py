@@ -16,6 +16,7 @@ from token_dump_fixtures import (
     write_slime,
 )
 
+from engine import runlog
 from engine.cli import main
 from engine.importers import import_run
 from engine.runlog import RunLogError, RunReader
@@ -142,9 +143,12 @@ def test_damage_costs_only_itself_and_non_training_files_are_left_out(source, sa
 
 
 @pytest.mark.parametrize("source", list(WRITERS))
-def test_import_again_adds_nothing_and_an_empty_folder_creates_nothing(source, samples, tmp_path):
+def test_import_again_adds_nothing_and_an_empty_folder_creates_nothing(source, samples, tmp_path, monkeypatch):
     folder = WRITERS[source](tmp_path / source, samples)
-    import_run(source, folder, tmp_path / "logs", "run")
+    merges = []
+    monkeypatch.setattr(runlog.repair, "merge", lambda *args, **kwargs: merges.append(args))
+    assert import_run(source, folder, tmp_path / "logs", "run").imported == [1, 2]
+    assert merges == []  # the steps went straight into their final chunk: every row encoded once
     again = import_run(source, folder, tmp_path / "logs", "run")
     assert again.imported == [] and again.already_there + len(again.problems) >= 0
     with RunReader(tmp_path / "logs") as reader:

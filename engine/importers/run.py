@@ -15,7 +15,7 @@ from __future__ import annotations
 import math
 import os
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -89,33 +89,52 @@ class Importer:
         return self.writer
 
     def poll(self, settle: bool = False) -> ImportReport:
-        """Write every step of the folder after the run's last step; the status is `finished` afterwards."""
+        """Write every step of the folder after the run's last step; the status is `finished` afterwards.
+
+        The steps go through `RunWriter.log_stream`: straight into their final chunk folders, each row encoded
+        once, the next step read while the previous one is encoded."""
         report = ImportReport(self.run)
         last = self._last_step()
         ctx = ReadContext(report, settle=settle, token_text=self.token_text, after=last)
-        wrote = False
-        for item in SOURCES[self.source](self.folder, ctx):
-            if last is not None and item.step <= last:
-                report.already_there += 1
-                continue
-            writer = self._open() if not wrote else self.writer
-            wrote = True
-            tokens = item.tokens
-            if tokens is None and self.tokenizer is not None:
-                tokens, lengths = _token_rows(self.tokenizer, item.rollouts["completion"], self.token_text)
-                item.rollouts["length"] = lengths
-            metrics = item.metrics if item.metrics is not None else _metrics(item)
-            writer.log_step(item.step, metrics={**metrics, **item.extra}, rollouts=item.rollouts, tokens=tokens)
-            report.imported.append(item.step)
-            last = item.step
-        if wrote:
-            self.writer.set_status("finished")
+        new_steps = (item for item in SOURCES[self.source](self.folder, ctx) if not self._already_there(item, last,
+                                                                                                     report))
+        first = next(new_steps, None)
+        if first is None:
+            return report
+        writer = self._open()
+        steps = _first_then_rest([first], new_steps)
+        del first  # else the first step's rows stay in memory for the whole import
+        report.imported = writer.log_stream(self._log_arguments(item) for item in steps)
+        writer.set_status("finished")
         return report
+
+    @staticmethod
+    def _already_there(item: Step, last: int | None, report: ImportReport) -> bool:
+        if last is not None and item.step <= last:
+            report.already_there += 1
+            return True
+        return False
+
+    def _log_arguments(self, item: Step) -> tuple[int, dict[str, Any]]:
+        """(step, keyword arguments of `RunWriter.log_step`) of a step read from a dump."""
+        tokens = item.tokens
+        if tokens is None and self.tokenizer is not None:
+            tokens, lengths = _token_rows(self.tokenizer, item.rollouts["completion"], self.token_text)
+            item.rollouts["length"] = lengths
+        metrics = item.metrics if item.metrics is not None else _metrics(item)
+        return item.step, {"metrics": {**metrics, **item.extra}, "rollouts": item.rollouts, "tokens": tokens}
 
     def close(self) -> None:
         if self.writer is not None:
             self.writer.close("finished")
             self.writer = None
+
+
+def _first_then_rest(box: list[Step], rest: Iterator[Step]) -> Iterator[Step]:
+    """The step in `box`, then `rest`; the step is taken out of the box, so nothing keeps it once written
+    (`itertools.chain([first], rest)` would hold it for the whole import)."""
+    yield box.pop()
+    yield from rest
 
 
 def _load_tokenizer(tokenizer_dir):

@@ -242,10 +242,13 @@ def step_tables(step: int, samples: pa.Table, ctx: ReadContext, vocabulary: Toke
     samples = samples.combine_chunks()
     flat = FlatTokens(samples)
     present = [n for n in samples.column_names if n.startswith("x_") and samples[n].null_count < samples.num_rows]
-    texts = vocabulary.texts_of(flat.token_ids)  # (N,) prompt tokens included, for the joined texts
     kept = flat.completion
+    token_ids = flat.token_ids.filter(kept)
+    # With token texts, the prompt's are needed too (the joined prompt text); without, only the rows' "<id>".
+    texts = vocabulary.texts_of(flat.token_ids) if vocabulary.token_text is not None else None
     columns = {"rollout_id": pa.array(flat.parent).filter(kept), "position": pa.array(flat.position).filter(kept),
-               "token_id": flat.token_ids.filter(kept), "token_text": texts.filter(kept),
+               "token_id": token_ids,
+               "token_text": texts.filter(kept) if texts is not None else vocabulary.texts_of(token_ids),
                **{name: flat.values(samples[name]).filter(kept) for name in LIST_COLUMNS}}
     fields = {"loss_mask": flat.loss_mask, **{name[2:]: flat.values(samples[name]) for name in present}}
     columns["dump"], others = dump_struct({name: values.filter(kept) for name, values in fields.items()})

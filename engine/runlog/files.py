@@ -91,7 +91,10 @@ class FolderWriter:
         while pending.num_rows >= size:
             self._write(bucket.rstrip("+"), pending.slice(0, size))
             pending = pending.slice(size)
-        self._pending[bucket] = pending
+        # A slice keeps the whole table it was cut from alive: copy the few rows left so a step's other rows
+        # are freed (a stream of steps into one chunk would otherwise hold one more step in memory).
+        self._pending[bucket] = pending.take(pa.array(range(pending.num_rows), pa.int64())) if arrow.num_rows > size \
+            else pending
 
     def _write(self, table: str, rows: pa.Table) -> None:
         writer = self._writers.get(table)

@@ -12,7 +12,7 @@ import shutil
 import threading
 import time
 import uuid
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -290,6 +290,76 @@ class RunWriter:
             if self.rank == 0:
                 self._update_meta(last_step=last)
 
+    def log_stream(self, steps: Iterable[tuple[int, Mapping[str, Any]]]) -> list[int]:
+        """Log steps as an iterable yields them, (step, keyword arguments of `log_step`), e.g. an import reading
+        one step of a dump at a time; returns the steps written.
+
+        Every `compact_every` steps (and the steps left when `steps` ends) go straight into the chunk folder that
+        `log_step` for each of them followed by the merges and the closing merge would produce (same rows, same
+        encoding: `FolderWriter`), so every row is encoded once and closing has nothing to merge. Each chunk
+        appears when it is complete: a kill loses the chunk being written (at most `compact_every` steps), never
+        one already written; an exception from `steps` first writes the chunk of the steps it yielded. The
+        encoding runs on the writer thread while the iterable reads the next step (two steps in memory)."""
+        if self._closed:
+            raise RunLogError(f"run {self.name!r}: log_stream after close")
+        if self.compact_every <= 0:  # no compaction: one step folder per step, as log_step writes
+            written = []
+            for step, kwargs in steps:
+                self.log_step(step, **kwargs)
+                written.append(step)
+            return written
+        self.flush()
+        written: list[int] = []
+        group: list[int] = []
+        folder: FolderWriter | None = None
+        try:
+            for step, kwargs in steps:
+                step = int(step)
+                if step < 0 or (self.last_step is not None and step <= self.last_step):
+                    raise RunLogError(f"run {self.name!r}: log_stream steps must be >= 0 and strictly increasing "
+                                      f"after the last logged step {self.last_step}, got {step}")
+                kwargs = dict(kwargs)
+                metrics = kwargs.pop("metrics", {} if self.rank == 0 else None)
+                tables = self._step_tables(step, metrics, kwargs, wall_time=kwargs.pop("wall_time", None),
+                                           now=time.time())
+                if folder is None:
+                    folder = FolderWriter(self.data_dir, self.rank, f"chunk-{step:09d}")
+                self._submit(_add_to_chunk, folder, tables)
+                del tables, kwargs  # the writer thread frees them once encoded, while the next step is read
+                group.append(step)
+                self.last_step = step
+                if len(group) == self.compact_every:
+                    self._submit(self._commit_chunk, folder, group)
+                    written += group
+                    folder, group = None, []
+        except BaseException:
+            if folder is not None:
+                try:  # the steps read before the error are whole: keep them
+                    self._submit(self._commit_chunk, folder, group)
+                    self.flush()
+                    written += group
+                except Exception:
+                    folder.abort()
+                    self.last_step = self._last_logged()
+            raise
+        if folder is not None:
+            self._submit(self._commit_chunk, folder, group)
+            written += group
+        self.flush()
+        return written
+
+    def _commit_chunk(self, folder: FolderWriter, steps: list[int]) -> None:
+        """Rename a chunk written by `log_stream` into place (on the writer thread, after its steps' rows)."""
+        try:
+            folder.commit(chunk_dir(self.data_dir, steps[0], steps[-1], next_seq(self.data_dir), self.rank))
+        except BaseException:
+            folder.abort()
+            raise
+        if self.rank == 0:
+            self._update_meta(last_step=steps[-1])
+        self._maybe_compact()
+        self._delete_superseded()
+
     def flush(self) -> None:
         """Wait until every step passed to `log_step` is on disk (raises if writing one failed)."""
         if self._pending is not None:
@@ -393,6 +463,15 @@ class RunWriter:
             if picked is None:
                 return
             self._merge([s for s in segments if (s.first, s.last, s.seq) in picked])
+
+
+def _add_to_chunk(folder: FolderWriter, tables: dict[str, pa.Table | None]) -> None:
+    """Add a step's tables to a chunk being written; a failure deletes the chunk (it could not be whole)."""
+    try:
+        folder.add_tables(tables)
+    except BaseException:
+        folder.abort()
+        raise
 
 
 def _remove_leftovers(data_dir: Path, rank: int) -> None:
