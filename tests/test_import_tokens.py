@@ -188,6 +188,7 @@ def test_pages_render_an_imported_per_token_run_and_say_what_it_lacks(page, samp
     at = open_page(str(tmp_path / "logs"), page, monkeypatch, run="run", step=2, rollout=0)
     shown = " ".join(str(x.value) for x in (*at.markdown, *at.caption, *at.info)).replace("\\", "")  # md escapes
     assert "Imported from prime-rl dumps" in shown and "no optimisation passes" in shown
+    assert "eval rollouts are never trained on" not in shown  # a train rollout of an import is not an eval one
 
 
 def test_prime_rl_first_format_one_file_per_rank_for_every_step(samples, tmp_path):

@@ -60,6 +60,8 @@ if passes:
     st.session_state["pass"] = pass_
     pass_ = right.selectbox("Optimisation pass", passes, key="pass",
                             help="new log-prob, ratio, clip, gradient weight, token loss and KL as used by this pass")
+elif common.imported_lacks(selection.config) is not None:
+    right.caption("No optimisation passes: an imported run holds the trainer's per-token values, not its passes.")
 else:
     right.caption("No optimisation pass used this rollout (eval rollouts are never trained on).")
 
