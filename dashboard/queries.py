@@ -273,13 +273,20 @@ def mismatch_curves(logs_dir: str, runs: tuple[str, ...], version: tuple) -> pd.
     return data.mismatch_curves(get_reader(logs_dir), runs)
 
 
+@st.cache_resource(ttl=60, max_entries=2, show_spinner=False)
+def _step_sampler_tokens(logs_dir: str, run: str, step: int) -> pd.DataFrame:
+    """A step's `data.sampler_tokens`, read once for the Mismatch page's two uses of it in the same visit (its
+    numbers, then the corrections); shared, not copied (`cache_resource`): readers must not modify it."""
+    return data.sampler_tokens(get_reader(logs_dir), run, step)
+
+
 @st.cache_data(ttl=STEP_TTL, show_spinner=False)
 def step_mismatch(logs_dir: str, run: str, step: int):
     """`dashboard.mismatch.StepMismatch` of the step (its small frames only are cached), None when no token of
     the step has a sampler log-prob."""
     from dashboard import mismatch
 
-    tokens = data.sampler_tokens(get_reader(logs_dir), run, step)
+    tokens = _step_sampler_tokens(logs_dir, run, step)
     if tokens.empty:
         return None
     return mismatch.step_mismatch(tokens, data.step_rollouts(get_reader(logs_dir), run, step, "train"))
@@ -290,7 +297,7 @@ def correction_table(logs_dir: str, run: str, step: int) -> pd.DataFrame:
     """Every correction on the whole step (`dashboard.recompute.correction_table`; imports torch)."""
     from dashboard import recompute
 
-    _, effects = recompute.correction_effects(data.sampler_tokens(get_reader(logs_dir), run, step, everything=False))
+    _, effects = recompute.correction_effects(_step_sampler_tokens(logs_dir, run, step))
     return recompute.correction_table(effects)
 
 
