@@ -2,15 +2,10 @@
 helpers around them. No Streamlit here: `dashboard.queries` wraps these functions in Streamlit's caches for the
 pages, and `policylens report` calls them directly with a reader of its own (`open_reader`).
 
-Every query takes a `engine.runlog.RunReader`, which exposes the run-log tables (runs, steps, rollouts, tokens,
-token_passes, prm_steps, ref_tokens) as read-only DuckDB views over the Parquet files the trainer writes.
-
-Shared fragments, each written once:
+Every query takes a `engine.runlog.RunReader` (read-only DuckDB views of the run-log tables). The Token statistics
+page's queries are in `dashboard.token_data`. Shared fragments, each written once:
 - `of_rollouts`: "these rollouts of a step" ($run, $step, $ids and the id range from `rollouts_of_step`);
-- `clip_rates`: the share of pass rows with each clip code of `engine.clip_codes`, named by `rate_column`;
-
-Token statistics over a step range (the Token statistics page: per token text, entropy bins, covariance and KL
-drivers) are in `dashboard.token_data`.
+- `clip_rates`: the share of pass rows with each clip code of `engine.clip_codes`, named by `rate_column`.
 """
 
 from __future__ import annotations
