@@ -195,11 +195,13 @@ def test_reasoning_steps_of_an_outcome_supervised_run_show_raw_rewards_without_n
     assert "nan" not in body.lower()
     assert body.index("step 0 · raw 1") < body.index("step 1 · raw 0")
     assert body.count("not used by the advantages") == 2
-    figure = advantage_charts.group_step_rewards(steps.assign(completion="#0"))
+    # the figure takes `data.prm_step_bins` rows: here one step per bin
+    bins = steps.assign(completion="#0", first_step=steps["step_index"], last_step=steps["step_index"])
+    figure = advantage_charts.group_step_rewards(bins)
     assert {trace.xaxis for trace in figure.data} == {"x"}  # the raw panel only: no empty "normalized" panel
     with_norm = reasoning_steps_html(tokens, steps.assign(reward_norm=[-0.7071, 0.7071]))
     assert "step 0 · raw 1 · norm +0.707" in with_norm and "step 1 · raw 0 · norm -0.707" in with_norm
-    both = advantage_charts.group_step_rewards(steps.assign(completion="#0", reward_norm=[1.0, 2.0]))
+    both = advantage_charts.group_step_rewards(bins.assign(reward_norm=[1.0, 2.0]))
     assert {trace.xaxis for trace in both.data} == {"x", "x2"}
 
 
