@@ -26,9 +26,10 @@ if TYPE_CHECKING:
 
     from engine.logrows import LoggedBatch
 
-__all__ = ["IMPOSSIBLE", "KNOBS", "SCHEMES", "CorrectionEffect", "Weighting", "advantage_schemes", "author_knobs",
-           "batch_from_tokens", "binned", "binned_columns", "clip_fraction_row", "clip_region", "correction_effects",
-           "correction_table", "process_sandbox", "weigh", "weight_curves", "whitened"]
+__all__ = ["IMPOSSIBLE", "KNOBS", "SCHEMES", "CorrectionEffect", "WeighedForCharts", "Weighting", "advantage_schemes",
+           "author_knobs", "batch_from_tokens", "binned", "binned_columns", "clip_fraction_row", "clip_region",
+           "column_bins", "correction_effects", "correction_table", "for_charts", "process_sandbox", "sample_positions",
+           "weigh", "weight_curves", "whitened"]
 
 KNOBS = ("eps_low", "eps_high", "beta")
 
@@ -79,6 +80,43 @@ def clip_fraction_row(algo: str, weighting: Weighting) -> dict:
     return {"algorithm": algo, **{CLIP_NAMES[c]: share for c, share in shares.items()},
             "zero-gradient tokens": float(
                 np.isclose(weighting.grad_weight[weighting.clip >= 0], 0).mean()) if codes.size else 0.0}
+
+
+@dataclass
+class WeighedForCharts:
+    """What the Algorithm weighting page draws of one algorithm's Weighting: its (B, T) arrays reduced as they are
+    computed, so that a whole step of long completions (256 x 16k tokens: 34 MB per array) is neither kept nor cached
+    token by token."""
+
+    heatmap: np.ndarray  # (rows shown, bins) mean gradient weight per bin of positions (`binned_columns`)
+    total_weight: np.ndarray  # (B,)
+    clip_fractions: dict  # `clip_fraction_row`
+    ratio_sample: np.ndarray  # (S,) the ratio of the sampled tokens (`sample_positions`)
+    ratio_max: float  # the largest ratio of any token, NaN without tokens
+    params: dict
+
+
+def sample_positions(mask: np.ndarray, size: int, seed: int = 0) -> np.ndarray:
+    """Flat indices of at most `size` of the tokens (mask (B, T) > 0), in order, the same for every algorithm so that
+    their scatter plots show the same tokens."""
+    tokens = np.flatnonzero(mask > 0)
+    if len(tokens) <= size:
+        return tokens
+    return np.sort(np.random.default_rng(seed).choice(tokens, size, replace=False))
+
+
+def for_charts(algo: str, weighting: Weighting, shown_rows: int, bins: int, sample: np.ndarray) -> WeighedForCharts:
+    """`weighting` reduced to what the page draws: the first `shown_rows` completions' gradient weights in `bins`
+    columns, each completion's total, the clip fractions and the ratios of the `sample` tokens (flat indices)."""
+    finite = weighting.ratio[np.isfinite(weighting.ratio)]
+    return WeighedForCharts(
+        heatmap=binned_columns(weighting.grad_weight[:shown_rows], bins)[0],
+        total_weight=weighting.total_weight,
+        clip_fractions=clip_fraction_row(algo, weighting),
+        ratio_sample=weighting.ratio.reshape(-1)[sample],
+        ratio_max=float(finite.max()) if finite.size else math.nan,
+        params=weighting.params,
+    )
 
 
 IMPOSSIBLE = -1
@@ -181,22 +219,28 @@ def binned(values: np.ndarray, width: int) -> dict[str, np.ndarray]:
             "low": np.minimum.reduceat(values, starts), "high": np.maximum.reduceat(values, starts)}
 
 
-def binned_columns(matrix: np.ndarray, bins: int) -> tuple[np.ndarray, np.ndarray, int]:
-    """A per-token matrix (B, T) (NaN: padding past a completion's end) in bins of `width` = ceil(T / bins)
-    consecutive positions, one width for every row (1 when T <= bins), so a heatmap of 16k-token completions has no
-    more columns than its panel has pixels: (the mean of each bin's tokens (B, ceil(T / width)), NaN where it holds
-    only padding; the bins' centre positions (ceil(T / width),); width)."""
-    rows, length = matrix.shape
+def column_bins(length: int, bins: int) -> tuple[int, np.ndarray]:
+    """Positions 0..length-1 in bins of `width` = ceil(length / bins) consecutive positions (1 when length <= bins):
+    (width, the bins' centre positions (ceil(length / width),))."""
     width = max(1, math.ceil(length / bins))
-    count = math.ceil(length / width)
-    padded = np.full((rows, count * width), np.nan)
+    starts = np.arange(math.ceil(length / width)) * width
+    return width, (starts + np.minimum(starts + width, length) - 1) / 2
+
+
+def binned_columns(matrix: np.ndarray, bins: int) -> tuple[np.ndarray, np.ndarray, int]:
+    """A per-token matrix (B, T) (NaN: padding past a completion's end) in the `column_bins` of its T positions, one
+    width for every row, so a heatmap of 16k-token completions has no more columns than its panel has pixels: (the
+    mean of each bin's tokens (B, ceil(T / width)), NaN where it holds only padding; the bins' centre positions
+    (ceil(T / width),); width)."""
+    rows, length = matrix.shape
+    width, centres = column_bins(length, bins)
+    padded = np.full((rows, len(centres) * width), np.nan)
     padded[:, :length] = matrix
-    cells = padded.reshape(rows, count, width)  # (B, bins, width)
+    cells = padded.reshape(rows, len(centres), width)  # (B, bins, width)
     tokens = np.isfinite(cells).sum(axis=-1)
     sums = np.where(np.isfinite(cells), cells, 0.0).sum(axis=-1)
     means = np.divide(sums, tokens, out=np.full(sums.shape, np.nan), where=tokens > 0)
-    starts = np.arange(count) * width
-    return means, (starts + np.minimum(starts + width, length) - 1) / 2, width
+    return means, centres, width
 
 
 # The PPO schemes: the logged column of `dashboard.data.critic_token_bins` each one draws.

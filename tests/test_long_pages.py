@@ -299,3 +299,4 @@ def test_replay_step_move_reads_the_new_step_only_and_no_text_but_the_groups(log
     assert sorted(asked) == [("group_summary", (1,)), ("rollout_previews", (1, (0, 1, 2))),
                              ("step_rollout_numbers", (1, "train"))]
     assert len(next(t.value for t in at.table if "completion" in t.value.columns)) == 3  # the group's table
+

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from test_dashboard import array, open_page, page_without_torch, plotly_spec
+from test_dashboard import array, open_page, page_without_torch, plotly_spec, table
 
 from dashboard import recompute
 
@@ -73,6 +73,16 @@ def test_dro_weight_per_advantage():
     np.testing.assert_allclose(curves["negative"], 1 + 0.5 * log_r, rtol=1e-9)
 
 
+def test_scatter_sample_is_the_same_tokens_for_every_algorithm():
+    mask = np.zeros((30, 400))
+    mask[:, :250] = 1.0  # 7,500 tokens, padding after
+    sample = recompute.sample_positions(mask, 4000)
+    assert len(sample) == 4000 == len(np.unique(sample)) and np.all(np.diff(sample) > 0)
+    assert np.all(mask.reshape(-1)[sample] == 1.0)
+    np.testing.assert_array_equal(sample, recompute.sample_positions(mask, 4000))
+    np.testing.assert_array_equal(recompute.sample_positions(mask, 10_000), np.flatnonzero(mask))
+
+
 def test_weighting_page_draws_the_new_rules(trained, monkeypatch):
     logs_dir, run = trained
     at = open_page(logs_dir, "algorithm_weighting", monkeypatch, run=run)
@@ -90,6 +100,42 @@ def test_weighting_page_draws_the_new_rules(trained, monkeypatch):
     at.select_slider(key="weigh_old_prob").set_value(0.9).run()
     grey = [s for s in plotly_spec(at, "clip_regions")["layout"]["shapes"] if s["fillcolor"] == "#bdbdbd"]
     assert grey and all(s["x0"] >= 1 / 0.9 - 0.05 for s in grey)
+
+
+def test_weighting_page_keeps_only_what_it_draws_and_draws_what_the_objectives_give(trained, monkeypatch):
+    """The page reduces each algorithm's (B, T) answer as it is computed (a whole step of long completions would
+    otherwise be kept and cached token by token): on a whole trained step, its clip fractions are those of the full
+    per-token weighting from `recompute.weigh` at the last update, and every dot of its ratio x advantage scatter
+    is one of the step's tokens with the ratio that algorithm gave it."""
+    from dashboard import data
+    from engine.runlog import RunReader
+
+    logs_dir, run = trained
+    at = open_page(logs_dir, "algorithm_weighting", monkeypatch, run=run, step=1)
+    at.radio(key="weigh_scope").set_value("the whole step").run()
+    assert not at.exception, [e.message for e in at.exception]
+    reader = RunReader(logs_dir)
+    ids = tuple(int(r) for r in reader.sql("SELECT rollout_id FROM rollouts WHERE run = ? AND step = 1 AND kind = "
+                                           "'train' ORDER BY rollout_id", [run])["rollout_id"])
+    updates = data.update_count(reader, run, 1, ids)
+    tokens = data.tokens_at_update(reader, run, 1, ids, updates - 1)
+    batch = recompute.batch_from_tokens(tokens)
+    on = batch.mask.numpy() > 0
+    shown = table(at, "algorithm", "zero-gradient tokens")  # the clip fractions, one row per algorithm, as shown
+    regions = plotly_spec(at, "clip_regions")["data"]
+    for panel, algo in enumerate(shown["algorithm"], start=1):
+        full = recompute.weigh(batch, algo, {})
+        expected = recompute.clip_fraction_row(algo, full)
+        row = shown[shown["algorithm"] == algo].iloc[0]
+        assert {c: row[c] for c in expected} == {c: v if c == "algorithm" else f"{v:.3f}" for c, v in expected.items()}
+        axis = "x" if panel == 1 else f"x{panel}"
+        dots = [t for t in regions if t.get("mode") == "markers" and t.get("xaxis", "x") == axis]
+        assert len(dots) == 1, (algo, len(dots))
+        pairs = {(round(r, 9), round(a, 9)) for r, a in zip(full.ratio[on], batch.advantages.numpy()[on], strict=True)}
+        drawn = list(zip(array(dots[0]["x"]).astype(float), array(dots[0]["y"]).astype(float), strict=True))
+        assert drawn and all((round(r, 9), round(a, 9)) in pairs for r, a in drawn), algo
+        assert len({r for r, _ in pairs}) > 10  # ratios other than 1 (GSPO: one per sequence), so a dot with a wrong
+        # token's ratio would not match
 
 
 @pytest.fixture(scope="module")

@@ -82,24 +82,35 @@ knob_table = st.data_editor(  # keyed by the choice: edited knobs belong to the 
 @st.cache_data(ttl=queries.STEP_TTL, show_spinner="Asking each objective…", max_entries=32)
 def weigh_all(logs: str, run: str, step: int, rollout_ids: tuple, update: int, knobs: tuple,
               whitening: tuple | None):
-    """(rollout ids, advantages (B, T), tokens logged per completion (B,), algorithm -> Weighting, algorithm ->
-    refusal message), or None without tokens.
+    """(rollout ids (B,), tokens logged per completion (B,), the sampled tokens' advantages, the largest |advantage|,
+    the heatmaps' bin width and centres, algorithm -> WeighedForCharts, algorithm -> refusal message), or None
+    without tokens.
 
     Keyed by what identifies the tokens rather than by the tokens themselves: hashing a step's worth of token rows
-    on every rerun would cost more than the objectives do."""
+    on every rerun would cost more than the objectives do. Each algorithm's (B, T) answer is reduced to what the
+    charts draw before the next is asked, so a whole step of long completions costs one algorithm's arrays at a
+    time, and the cache keeps kilobytes."""
     tokens = queries.tokens_at_update(logs, run, step, rollout_ids, update)
     tokens = tokens[tokens["position"].notna()]  # a token logged without its position has no place in (B, T)
     if tokens.empty:
         return None
     batch = recompute.batch_from_tokens(tokens)
+    del tokens
+    on = batch.mask.numpy() > 0  # (B, T)
+    sample = recompute.sample_positions(on, MAX_SCATTER_POINTS)
+    advantage = batch.advantages.numpy()  # (B, T)
+    bins = common.SCREEN_BINS // 3  # three panels a row: a third of the page's screen bins each
     results, errors = {}, {}
     for algo, overrides in knobs:
         try:
             own = recompute.whitened(batch, *whitening) if whitening and uses_critic(algo) else batch
-            results[algo] = recompute.weigh(own, algo, dict(overrides))
+            weighting = recompute.weigh(own, algo, dict(overrides))
         except ValueError as error:
             errors[algo] = str(error)
-    return batch.rollout_ids, batch.advantages.numpy(), batch.lengths, results, errors
+            continue
+        results[algo] = recompute.for_charts(algo, weighting, MAX_HEATMAP_ROWS, bins, sample)
+    return (batch.rollout_ids, batch.lengths, advantage.reshape(-1)[sample], float(np.abs(advantage[on]).max()),
+            recompute.column_bins(on.shape[1], bins), results, errors)
 
 
 @st.cache_data(ttl=queries.STEP_TTL, show_spinner=False, max_entries=32)
@@ -121,7 +132,7 @@ weighed = common.load("the objectives", weigh_all, logs, run, step, rollout_ids,
 if weighed is None:
     st.info("No tokens logged for these rollouts.")
     st.stop()
-batch_ids, advantage, lengths, results, errors = weighed
+batch_ids, lengths, sampled_advantage, advantage_max, (width, positions), results, errors = weighed
 for algo, message in errors.items():
     st.error(f"{algo}: {common.md(message)}")
 if not results:
@@ -134,14 +145,9 @@ labels = [f"r{rid} g{common.plain(g)}#{common.plain(i)} A={common.number(a, '+.2
 
 # ---------------------------------------------------------------- charts
 st.subheader("Gradient weight per token")
-shown_rows = slice(0, MAX_HEATMAP_ROWS)  # more rows than this are unreadable and slow to ship to the browser
-if len(labels) > MAX_HEATMAP_ROWS:
+if len(labels) > MAX_HEATMAP_ROWS:  # more rows are unreadable and slow to ship to the browser
     st.caption(f"The first {MAX_HEATMAP_ROWS} of {len(labels)} completions; totals and clip fractions use all.")
-# Three panels a row: a third of the page's screen bins each (a 16k-token completion: bins of ~50 tokens).
-heatmap_bins = {a: recompute.binned_columns(w.grad_weight[shown_rows], common.SCREEN_BINS // 3)
-                for a, w in results.items()}
-_, positions, width = next(iter(heatmap_bins.values()))
-st.plotly_chart(charts.weight_heatmaps({a: means for a, (means, _, _) in heatmap_bins.items()}, labels[shown_rows],
+st.plotly_chart(charts.weight_heatmaps({a: w.heatmap for a, w in results.items()}, labels[:MAX_HEATMAP_ROWS],
                                        positions=positions, bin_width=width), key="weight_heatmaps")
 
 left, right = st.columns(2)
@@ -152,23 +158,17 @@ totals = pd.DataFrame([  # length: the tokens the objective saw (the logged `len
 ])
 left.markdown("**Total weight of each completion against its length** (length bias)")
 left.plotly_chart(charts.total_weight_vs_length(totals), key="total_weight_vs_length")
-fractions = pd.DataFrame([recompute.clip_fraction_row(a, w) for a, w in results.items()])
+fractions = pd.DataFrame([w.clip_fractions for w in results.values()])
 right.markdown("**Clip decisions** (fraction of tokens)")
 right.plotly_chart(charts.clip_fractions(fractions), key="clip_fractions")
 common.static_table(right, fractions, {c: ".3f" for c in fractions.columns[1:]})
 
 st.subheader("Where each algorithm clips: ratio × advantage")
-ratios = {a: w.ratio[np.isfinite(w.ratio)] for a, w in results.items()}
-on = np.isfinite(next(iter(results.values())).ratio)
-adv_points = advantage[on]
 # Past ASPO's dual cap at least, so that it is on the chart.
-ratio_max = float(max(algorithm_defaults("aspo")["dual_clip"] + 0.5,
-                      1.1 * max((r.max() for r in ratios.values() if r.size), default=2.0)))
-adv_max = float(max(1.0, 1.1 * np.abs(adv_points).max())) if adv_points.size else 1.0
-scatter = {}
-for algo, w in results.items():
-    points = pd.DataFrame({"ratio": w.ratio[on], "advantage": adv_points})
-    scatter[algo] = points.sample(MAX_SCATTER_POINTS, random_state=0) if len(points) > MAX_SCATTER_POINTS else points
+largest_ratios = [w.ratio_max for w in results.values() if np.isfinite(w.ratio_max)]
+ratio_max = float(max(algorithm_defaults("aspo")["dual_clip"] + 0.5, 1.1 * max(largest_ratios, default=2.0 / 1.1)))
+adv_max = float(max(1.0, 1.1 * advantage_max))
+scatter = {a: pd.DataFrame({"ratio": w.ratio_sample, "advantage": sampled_advantage}) for a, w in results.items()}
 old_prob = 0.5  # p_old of the pictures of the rules that bound the probability itself (DPPO)
 if any(OBJECTIVES[a].surrogate.startswith("dppo") for a in algorithms):
     old_prob = st.select_slider(
