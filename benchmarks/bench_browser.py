@@ -22,6 +22,12 @@ For the loads and the window moves, the part until the server's last message is 
 script run and the transfer of what it drew, for a load after the browser loaded the app and connected): the rest
 is the browser drawing.
 Targets (issue 12): interaction < 0.5 s, first page < 3 s, reload < 1.5 s.
+
+    python benchmarks/bench_browser.py --floor --repeat 5
+
+measures instead what Streamlit itself costs on this machine, with no PolicyLens code: the first load and the
+reload of a page holding only a header and a line of text, and of one holding one small plotly chart, each on a
+server started for it, in the same browser and by the same clock as the pages above.
 """
 
 from __future__ import annotations
@@ -111,6 +117,45 @@ def server_memory_mb(port: int) -> float | None:
 
 RUN_PICKER = 'sidebar: stSelectbox "Run"'
 
+FLOOR_APPS = {  # name -> the whole app
+    "a header and a line of text": 'import streamlit as st\nst.header("Floor")\nst.write("One line of text.")\n',
+    "one plotly chart (100 points)": 'import plotly.graph_objects as go\nimport streamlit as st\nst.header("Floor")\n'
+                                     "st.plotly_chart(go.Figure(go.Scatter(y=list(range(100)))))\n",
+}
+
+
+def measure_floor(repeat: int) -> dict[str, list[float]]:
+    """First load and reload of each FLOOR_APPS app, `repeat` times, each time on a server started for it with the
+    dashboard's server options."""
+    import tempfile
+
+    from playwright.sync_api import sync_playwright
+
+    from engine.cli import dashboard_command
+
+    results: dict[str, list[float]] = {}
+    with tempfile.TemporaryDirectory() as folder, sync_playwright() as playwright:
+        browser = screenshots.launch_browser(playwright)
+        for _ in range(repeat):
+            for name, source in FLOOR_APPS.items():
+                app = Path(folder) / "app.py"
+                app.write_text(source)
+                port = screenshots.free_port()
+                command = dashboard_command(folder, "127.0.0.1", port)
+                command[command.index("run") + 1] = str(app)  # the same options, another app
+                with screenshots.serve(command[:command.index("--")], port, LOAD_TIMEOUT_S) as url:
+                    context = browser.new_context(viewport={"width": 1400, "height": 1000})
+                    page = context.new_page()
+                    watch = widgets.ServerWatch().attach(page)
+                    for label, seconds in ((f"first load (fresh server): {name}", load(page, watch, url)),
+                                           (f"reload: {name}", reload(page, watch))):
+                        for part, value in ((label, seconds[0]), (f"{label}, server part", seconds[1])):
+                            results.setdefault(part, []).append(value)
+                            print(f"    {part:<34} {value:6.2f} s", flush=True)
+                    context.close()
+        browser.close()
+    return results
+
 
 def measure(logs_dir: Path, run: str, step: int, longest: tuple[int, int], repeat: int,
             pages: list[str]) -> dict[str, list[float]]:
@@ -166,7 +211,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--run", action="append", help="run(s) to measure (default: every bench-* run)")
     parser.add_argument("--repeat", type=int, default=3)
     parser.add_argument("--pages", nargs="+", choices=list(PAGES), default=list(PAGES), help="only these pages")
+    parser.add_argument("--floor", action="store_true", help="what Streamlit alone costs (FLOOR_APPS), no run")
     args = parser.parse_args(argv)
+    if args.floor:
+        print_medians(measure_floor(args.repeat), args.repeat)
+        return 0
     from engine.runlog import RunReader, list_runs
 
     logs_dir = Path(args.logs_dir).resolve()
@@ -181,11 +230,14 @@ def main(argv: list[str] | None = None) -> int:
         token_step, rollout = int(longest["step"][0]), int(longest["rollout_id"][0])
         print(f"\n{run}: {tokens:,} token rows, step {step}; Token inspector: step {token_step}, rollout {rollout} "
               f"({int(longest['length'][0]):,} tokens)")
-        results = measure(logs_dir, run, step, (token_step, rollout), args.repeat, args.pages)
-        print(f"  medians of {args.repeat}:")
-        for name, values in results.items():
-            print(f"    {name:<34} {statistics.median(values):6.2f} s")
+        print_medians(measure(logs_dir, run, step, (token_step, rollout), args.repeat, args.pages), args.repeat)
     return 0
+
+
+def print_medians(results: dict[str, list[float]], repeat: int) -> None:
+    print(f"  medians of {repeat}:")
+    for name, values in results.items():
+        print(f"    {name:<34} {statistics.median(values):6.2f} s")
 
 
 if __name__ == "__main__":

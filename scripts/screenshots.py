@@ -53,7 +53,14 @@ def serve_dashboard(logs_dir: str | Path, port: int | None = None, timeout: floa
     from engine.cli import dashboard_command
 
     port = port or free_port()
-    command = dashboard_command(str(logs_dir), "127.0.0.1", port)
+    with serve(dashboard_command(str(logs_dir), "127.0.0.1", port), port, timeout) as url:
+        yield url
+
+
+@contextlib.contextmanager
+def serve(command: list[str], port: int, timeout: float = 60.0):
+    """Run a `streamlit run` command line that listens on 127.0.0.1:`port`, yield its base URL once it answers, and
+    stop it afterwards."""
     process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, cwd=ROOT)
     url = f"http://127.0.0.1:{port}"
     try:

@@ -119,54 +119,62 @@ if common.plain(rollout.kind) == "eval":
 elif CHANNELS[channel].column in bins.columns and bins[CHANNELS[channel].column].isna().all():
     st.caption(f"{CHANNELS[channel].label} was not logged for this rollout.")
 
-# A long completion is read by windows of its text: thousands of spans in one block take seconds to draw.
-first_pos, last_pos = int(bins["first_pos"].min()), int(bins["last_pos"].max())
-if int(bins["tokens"].sum()) > DEFAULT_WINDOW:
-    size = st.session_state.get("window_size", DEFAULT_WINDOW)
-    starts = list(range(first_pos - first_pos % size, last_pos + 1, size))
-    start, _ = common.initial_value("window", "window", lambda raw: int(raw) // size * size, starts, starts[0])
-    st.session_state["window"] = start
 
-    def jump_to_clicked_bin() -> None:
-        clicked = st.session_state["token_strip"].selection.points
-        if clicked:
-            st.session_state["window"] = min(starts[-1], int(clicked[0]["x"]) // size * size)
+@st.fragment
+def text_and_values() -> None:
+    """The text by windows, the token x channel heatmap and the values: moving the window reruns only this part
+    (the page's pickers, metrics and cached reads above stay as they are)."""
+    # A long completion is read by windows of its text: thousands of spans in one block take seconds to draw.
+    first_pos, last_pos = int(bins["first_pos"].min()), int(bins["last_pos"].max())
+    if int(bins["tokens"].sum()) > DEFAULT_WINDOW:
+        size = st.session_state.get("window_size", DEFAULT_WINDOW)
+        starts = list(range(first_pos - first_pos % size, last_pos + 1, size))
+        start, _ = common.initial_value("window", "window", lambda raw: int(raw) // size * size, starts, starts[0])
+        st.session_state["window"] = start
 
-    choose, how_many = st.columns([5, 1])
-    if len(starts) > 1:
-        start = choose.select_slider("Tokens shown", starts, key="window",
-                                     format_func=lambda s: f"{s}–{min(s + size - 1, last_pos)}",
-                                     help="The text is shown a window at a time; click the strip below to jump.")
-    how_many.selectbox("Window", WINDOW_SIZES, index=WINDOW_SIZES.index(size), key="window_size",
-                       format_func=lambda n: f"{n} tokens")
-    window = (max(start, first_pos), min(start + size - 1, last_pos))
-    st.plotly_chart(charts.token_overview_strip(bins, channel, window, size), key="token_strip",
-                    on_select=jump_to_clicked_bin, selection_mode="points", config={"displayModeBar": False})
-    common.set_url_value("window", start)
-else:
-    window = (first_pos, last_pos)
-    common.set_url_value("window", None)
-tokens = data.as_loss_used(common.load("the tokens", queries.rollout_tokens, logs, run, step, (rollout_id,), pass_,
-                                       window), whitening)
+        def jump_to_clicked_bin() -> None:
+            clicked = st.session_state["token_strip"].selection.points
+            if clicked:
+                st.session_state["window"] = min(starts[-1], int(clicked[0]["x"]) // size * size)
 
-st.html(token_heatmap_html(tokens, channel))
-if whitening is not None and channel in ("advantage", "gae_advantage"):
-    mean, std = whitening
-    st.caption(f"This run has a critic. advantage: the logged GAE advantage whitened with this step's mean {mean:.4g} "
-               f"and std {std:.4g}, as the PPO loss used it (its clip decisions follow this one); GAE advantage "
-               "before whitening: as logged.")
-clip_counts = {code: int(bins[f"clip_{CLIP_NAMES[code]}"].sum()) for code in CLIP_EVENTS}
-if bins["ratio"].notna().any():  # a pass was logged for this rollout
-    st.caption("Clip events in this pass: " + ", ".join(f"{CLIP_NAMES[c]} {n}" for c, n in clip_counts.items())
-               + (f" · rejected tokens {int(bins['rejected_tokens'].sum())}" if "rejected" not in absent else ""))
+        choose, how_many = st.columns([5, 1])
+        if len(starts) > 1:
+            start = choose.select_slider("Tokens shown", starts, key="window",
+                                         format_func=lambda s: f"{s}–{min(s + size - 1, last_pos)}",
+                                         help="The text is shown a window at a time; click the strip below to jump.")
+        how_many.selectbox("Window", WINDOW_SIZES, index=WINDOW_SIZES.index(size), key="window_size",
+                           format_func=lambda n: f"{n} tokens")
+        window = (max(start, first_pos), min(start + size - 1, last_pos))
+        st.plotly_chart(charts.token_overview_strip(bins, channel, window, size), key="token_strip",
+                        on_select=jump_to_clicked_bin, selection_mode="points", config={"displayModeBar": False})
+        common.set_url_value("window", start)
+    else:
+        window = (first_pos, last_pos)
+        common.set_url_value("window", None)
+    tokens = data.as_loss_used(common.load("the tokens", queries.rollout_tokens, logs, run, step, (rollout_id,), pass_,
+                                           window), whitening)
 
-st.subheader("Token × channel")
-whole = window == (first_pos, last_pos)
-if whole:
-    st.plotly_chart(charts.token_channel_heatmap(tokens, channel_names), key="token_channel_heatmap")
-else:
-    st.caption(f"The whole completion, each column the mean of {int(bins['tokens'].max())} tokens or fewer; the "
-               "outlined part is the window above, its exact values in the table below and on each token.")
-    st.plotly_chart(charts.token_channel_bins(bins, channel_names, window), key="token_channel_heatmap")
-with st.expander("Values" if whole else f"Values of tokens {window[0]}–{window[1]}"):
-    st.dataframe(tokens.drop(columns=["rollout_id"]), hide_index=True, key="token_values")
+    st.html(token_heatmap_html(tokens, channel))
+    if whitening is not None and channel in ("advantage", "gae_advantage"):
+        mean, std = whitening
+        st.caption(f"This run has a critic. advantage: the logged GAE advantage whitened with this step's mean "
+                   f"{mean:.4g} and std {std:.4g}, as the PPO loss used it (its clip decisions follow this one); GAE "
+                   "advantage before whitening: as logged.")
+    clip_counts = {code: int(bins[f"clip_{CLIP_NAMES[code]}"].sum()) for code in CLIP_EVENTS}
+    if bins["ratio"].notna().any():  # a pass was logged for this rollout
+        st.caption("Clip events in this pass: " + ", ".join(f"{CLIP_NAMES[c]} {n}" for c, n in clip_counts.items())
+                   + (f" · rejected tokens {int(bins['rejected_tokens'].sum())}" if "rejected" not in absent else ""))
+
+    st.subheader("Token × channel")
+    whole = window == (first_pos, last_pos)
+    if whole:
+        st.plotly_chart(charts.token_channel_heatmap(tokens, channel_names), key="token_channel_heatmap")
+    else:
+        st.caption(f"The whole completion, each column the mean of {int(bins['tokens'].max())} tokens or fewer; the "
+                   "outlined part is the window above, its exact values in the table below and on each token.")
+        st.plotly_chart(charts.token_channel_bins(bins, channel_names, window), key="token_channel_heatmap")
+    with st.expander("Values" if whole else f"Values of tokens {window[0]}–{window[1]}"):
+        st.dataframe(tokens.drop(columns=["rollout_id"]), hide_index=True, key="token_values")
+
+
+text_and_values()
