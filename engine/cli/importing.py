@@ -46,12 +46,13 @@ def run_import(args: argparse.Namespace) -> int:
     run = args.run_name or run_name_from_folder(folder)
 
     def show(report) -> None:
+        # Whole lines, in order, when stdout and stderr go to the same pipe (stdout is block-buffered there).
         for problem in report.problems:
-            print(f"policylens import: {problem}", file=sys.stderr)
+            print(f"policylens import: {problem}", file=sys.stderr, flush=True)
         if report.imported or not args.follow:
             print(f"policylens import: run {report.run}: {len(report.imported)} step(s) imported"
                   + (f" ({report.imported[0]}..{report.imported[-1]})" if report.imported else "")
-                  + (f", {report.already_there} already there" if report.already_there else ""))
+                  + (f", {report.already_there} already there" if report.already_there else ""), flush=True)
 
     try:
         if args.follow:
