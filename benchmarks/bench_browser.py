@@ -7,9 +7,10 @@ Serves the dashboard (`policylens dashboard` on a free loopback port) over `--lo
 with Playwright (set CHROMIUM for another binary), through the widget driver of the browser tests
 (scripts/browser_widgets.py): an action is done once the server reported its script run finished, no run is under
 way, nothing is shown as loading, and the document did not change for a moment; its time is the document's last
-change minus the moment of the action. A page that shows an exception or an error box stops the benchmark (its
-figures would be those of the error page). Measured, medians of `--repeat` (browser, server and DuckDB share the
-machine, as they would on a laptop):
+change minus the moment of the action. A page load that shows an exception or an error box stops the benchmark (its
+figures would be those of the error page); a widget change that shows one, or a widget that cannot be changed (a
+click that times out), ends that page's repetition, is reported at the end, and the benchmark goes on. Measured,
+medians of `--repeat` (browser, server and DuckDB share the machine, as they would on a laptop):
 - first load: a page opened in a new tab (new browser context) of a server started for it (nothing imported or
   cached yet, as on a user's first visit), from navigation start;
 - reload: the same tab reloaded (server and browser warm);
@@ -172,7 +173,7 @@ def measure(logs_dir: Path, run: str, step: int, longest: tuple[int, int], repea
         record(name, seconds[0])
         record(f"{name}, server part", seconds[1])
 
-    query, peak_memory = f"run={run}&step={step}", []
+    query, peak_memory, failures = f"run={run}&step={step}", [], []
     token_query = f"run={run}&step={longest[0]}&rollout={longest[1]}"
     with sync_playwright() as playwright:
         browser = screenshots.launch_browser(playwright)
@@ -193,8 +194,10 @@ def measure(logs_dir: Path, run: str, step: int, longest: tuple[int, int], repea
                             record_split("tokens: move the window", seconds)
                     # every widget of the page, changed in turn (not the run: that leaves the benchmark's run)
                     for widget, seconds, problems in widgets.change_every_widget(page, watch, {RUN_PICKER}):
-                        if problems:
-                            raise PageError(f"{name} / {widget}: {problems}")
+                        if problems:  # the rest of this page is not measured this time; the other pages are
+                            failures.append(f"{name} / {widget}: {problems}")
+                            print(f"    FAILED {failures[-1]}", flush=True)
+                            break
                         if "not changed" not in widget:  # nothing else to choose: not an interaction
                             record(f"{name}: {widget}", seconds)
                     context.close()
@@ -202,6 +205,8 @@ def measure(logs_dir: Path, run: str, step: int, longest: tuple[int, int], repea
         browser.close()
     if any(m is not None for m in peak_memory):
         print(f"  dashboard server peak resident memory: {max(m for m in peak_memory if m is not None):.0f} MB")
+    for failure in failures:
+        print(f"  not measured after a failure: {failure}")
     return results
 
 
