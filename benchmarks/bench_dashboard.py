@@ -528,7 +528,7 @@ def time_functions(logs_dir: Path, run: str, repeat: int) -> list[tuple[str, flo
                                        charts.probability_scatter(view.probabilities, view.binned),
                                        charts.mismatch_buckets(view.buckets), charts.sequence_mismatch(view.sequences)])
     timed("correction_table (middle step)", queries.correction_table, logs, run, middle)
-    timed("correction_weights (1 group)", queries.correction_weights, logs, run, middle, group)
+    timed("correction_weights (1 group)", queries.correction_weights, logs, run, middle, group, 333)
     batch = timed("batch_from_tokens (1 group)", recompute.batch_from_tokens, group_tokens)
     for algo in ALGORITHMS:
         timed(f"policy_loss {algo} (1 group)", recompute.weigh, batch, algo, {})

@@ -14,6 +14,7 @@ Caching: `st.cache_resource` holds one reader per logs folder; `st.cache_data` h
 
 from __future__ import annotations
 
+import numpy as np
 import pandas as pd
 import streamlit as st
 
@@ -302,12 +303,15 @@ def correction_table(logs_dir: str, run: str, step: int) -> pd.DataFrame:
 
 
 @st.cache_data(ttl=STEP_TTL, show_spinner=False)
-def correction_weights(logs_dir: str, run: str, step: int, rollout_ids: tuple[int, ...]
-                       ) -> tuple[list[int], dict]:
-    """(rollout ids, {correction: (B, T) weight}) for some rollouts of the step: every correction works row by row,
-    so these rows' weights are those of the whole step's (imports torch)."""
+def correction_weights(logs_dir: str, run: str, step: int, rollout_ids: tuple[int, ...], bins: int
+                       ) -> tuple[list[int], dict, np.ndarray, int]:
+    """(rollout ids, {correction: (B, columns) weight}, the columns' centre positions, their width in tokens) for
+    some rollouts of the step: every correction works row by row, so these rows' weights are those of the whole
+    step's (imports torch). Each row's tokens come in `recompute.binned_columns` of at most `bins` columns (the
+    mean weight of each bin's tokens), so a 16k-token group is not sent token by token."""
     from dashboard import recompute
 
     ids, effects = recompute.correction_effects(data.sampler_tokens(get_reader(logs_dir), run, step, rollout_ids,
                                                                     everything=False))
-    return ids, {effect.name: effect.weight for effect in effects}
+    width, positions = recompute.column_bins(effects[0].weight.shape[1], bins)  # every correction: the same (B, T)
+    return ids, {effect.name: recompute.binned_columns(effect.weight, bins)[0] for effect in effects}, positions, width

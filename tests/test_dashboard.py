@@ -903,3 +903,29 @@ def test_mismatch_page_shows_the_logged_gap_and_what_each_correction_does(traine
     out_of_tis_band = (ratio < 0.5) | (ratio > 2)
     assert corrections.loc["reject token_k1 (0.5_2.0)", "tokens dropped"] == f"{out_of_tis_band.mean():.3f}"
     assert plotly_spec(at, "correction_heatmaps")["data"], "one group's weights side by side"
+
+
+def test_mismatch_correction_heatmaps_are_binned_to_the_panel(trained_prm, monkeypatch):
+    """With 15 screen bins (5 columns a panel) each TIS-token cell is the mean of min(exp(old - sampler), 2) over
+    its bin's tokens of that completion, computed here from the Parquet files: a long group is never sent token by
+    token."""
+    import math
+
+    from dashboard import common
+
+    logs_dir, run = trained_prm
+    step = last_step(logs_dir, run)
+    monkeypatch.setattr(common, "SCREEN_BINS", 15)
+    at = open_page(logs_dir, "mismatch", monkeypatch, run=run, step=step)
+    tis = next(t for t in plotly_spec(at, "correction_heatmaps")["data"] if "TIS token" in t["hovertemplate"])
+    tokens = independent(logs_dir, "tokens", "WHERE run = ? AND step = ? AND sampler_logp IS NOT NULL", [run, step])
+    rollouts = [int(re.search(r"rollout (\d+)", label).group(1)) for label in tis["y"]]
+    tokens = tokens[tokens["rollout_id"].isin(rollouts)]
+    width = math.ceil((int(tokens["position"].max()) + 1) / 5)
+    weight = np.minimum(np.exp(tokens["old_logp"] - tokens["sampler_logp"]), 2.0)
+    means = weight.groupby([tokens["rollout_id"].to_numpy(), (tokens["position"] // width).to_numpy()]).mean()
+    shown = array(tis["z"]).astype(float).reshape(len(rollouts), -1)
+    assert shown.shape[1] == math.ceil((int(tokens["position"].max()) + 1) / width) <= 5
+    for (rollout, column), value in means.items():
+        assert shown[rollouts.index(rollout), column] == pytest.approx(value, rel=1e-5), (rollout, column)
+    assert np.isfinite(shown).sum() == len(means)  # the other cells: padding past a completion's end

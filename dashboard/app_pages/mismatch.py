@@ -123,14 +123,16 @@ def corrections() -> None:
         return
     common.set_url_value("group", group_id)
     members = rollouts[rollouts["group_id"] == group_id].sort_values("index_in_group")
-    ids, weights = queries.correction_weights(logs, run, step, tuple(int(r) for r in members["rollout_id"]))
+    # Three panels a row: a third of the page's screen bins each (a 16k-token completion: bins of ~50 tokens).
+    ids, weights, positions, width = queries.correction_weights(
+        logs, run, step, tuple(int(r) for r in members["rollout_id"]), common.SCREEN_BINS // 3)
     if not ids:
         st.caption(f"No token of group {group_id} has a sampler log-prob.")
         return
     index_of = dict(zip(members["rollout_id"].astype(int), members["index_in_group"], strict=True))
     labels = [f"#{common.plain(index_of.get(r))} (rollout {r})" for r in ids]
-    st.plotly_chart(charts.weight_heatmaps(weights, labels, centre=1.0, label="loss weight"),
-                    key="correction_heatmaps")
+    st.plotly_chart(charts.weight_heatmaps(weights, labels, centre=1.0, label="loss weight", positions=positions,
+                                           bin_width=width), key="correction_heatmaps")
 
 
 corrections()
