@@ -302,6 +302,7 @@ def load(what: str, function, *args, **kwargs):
 # The bins of token positions a per-token figure of long completions gets (DuckDB bins them): about a pixel each on
 # a wide page; completions of at most this many tokens get one bin per token.
 SCREEN_BINS = 1000
+PANEL_BINS = SCREEN_BINS // 3  # a heatmap in a figure of three panels a row (a 16k-token completion: ~50 a bin)
 
 
 def page_of(container, frame: pd.DataFrame, rows: int, key: str) -> pd.DataFrame:

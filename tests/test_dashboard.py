@@ -906,7 +906,7 @@ def test_mismatch_page_shows_the_logged_gap_and_what_each_correction_does(traine
 
 
 def test_mismatch_correction_heatmaps_are_binned_to_the_panel(trained_prm, monkeypatch):
-    """With 15 screen bins (5 columns a panel) each TIS-token cell is the mean of min(exp(old - sampler), 2) over
+    """With 5 columns a panel each TIS-token cell is the mean of min(exp(old - sampler), 2) over
     its bin's tokens of that completion, computed here from the Parquet files: a long group is never sent token by
     token."""
     import math
@@ -915,7 +915,7 @@ def test_mismatch_correction_heatmaps_are_binned_to_the_panel(trained_prm, monke
 
     logs_dir, run = trained_prm
     step = last_step(logs_dir, run)
-    monkeypatch.setattr(common, "SCREEN_BINS", 15)
+    monkeypatch.setattr(common, "PANEL_BINS", 5)
     at = open_page(logs_dir, "mismatch", monkeypatch, run=run, step=step)
     tis = next(t for t in plotly_spec(at, "correction_heatmaps")["data"] if "TIS token" in t["hovertemplate"])
     tokens = independent(logs_dir, "tokens", "WHERE run = ? AND step = ? AND sampler_logp IS NOT NULL", [run, step])

@@ -99,7 +99,6 @@ def weigh_all(logs: str, run: str, step: int, rollout_ids: tuple, update: int, k
     on = batch.mask.numpy() > 0  # (B, T)
     sample = recompute.sample_positions(on, MAX_SCATTER_POINTS)
     advantage = batch.advantages.numpy()  # (B, T)
-    bins = common.SCREEN_BINS // 3  # three panels a row: a third of the page's screen bins each
     results, errors = {}, {}
     for algo, overrides in knobs:
         try:
@@ -108,9 +107,9 @@ def weigh_all(logs: str, run: str, step: int, rollout_ids: tuple, update: int, k
         except ValueError as error:
             errors[algo] = str(error)
             continue
-        results[algo] = recompute.for_charts(algo, weighting, MAX_HEATMAP_ROWS, bins, sample)
+        results[algo] = recompute.for_charts(algo, weighting, MAX_HEATMAP_ROWS, common.PANEL_BINS, sample)
     return (batch.rollout_ids, batch.lengths, advantage.reshape(-1)[sample], float(np.abs(advantage[on]).max()),
-            recompute.column_bins(on.shape[1], bins), results, errors)
+            recompute.column_bins(on.shape[1], common.PANEL_BINS), results, errors)
 
 
 @st.cache_data(ttl=queries.STEP_TTL, show_spinner=False, max_entries=32)

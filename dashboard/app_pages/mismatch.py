@@ -123,9 +123,8 @@ def corrections() -> None:
         return
     common.set_url_value("group", group_id)
     members = rollouts[rollouts["group_id"] == group_id].sort_values("index_in_group")
-    # Three panels a row: a third of the page's screen bins each (a 16k-token completion: bins of ~50 tokens).
     ids, weights, positions, width = queries.correction_weights(
-        logs, run, step, tuple(int(r) for r in members["rollout_id"]), common.SCREEN_BINS // 3)
+        logs, run, step, tuple(int(r) for r in members["rollout_id"]), common.PANEL_BINS)
     if not ids:
         st.caption(f"No token of group {group_id} has a sampler log-prob.")
         return
