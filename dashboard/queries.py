@@ -313,5 +313,6 @@ def correction_weights(logs_dir: str, run: str, step: int, rollout_ids: tuple[in
 
     ids, effects = recompute.correction_effects(data.sampler_tokens(get_reader(logs_dir), run, step, rollout_ids,
                                                                     everything=False))
-    width, positions = recompute.column_bins(effects[0].weight.shape[1], bins)  # every correction: the same (B, T)
-    return ids, {effect.name: recompute.binned_columns(effect.weight, bins)[0] for effect in effects}, positions, width
+    binned = {effect.name: recompute.binned_columns(effect.weight, bins) for effect in effects}
+    _, positions, width = next(iter(binned.values()))  # every correction has the same (B, T)
+    return ids, {name: means for name, (means, _, _) in binned.items()}, positions, width

@@ -12,6 +12,7 @@ Algorithm weighting page draws its pickers and knob table (`author_knobs`) befor
 from __future__ import annotations
 
 import math
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -345,36 +346,40 @@ def _token_grid(tokens: pd.DataFrame) -> tuple[list[int], torch.Tensor, torch.Te
     return [int(i) for i in ids], grids[0], torch.from_numpy(mask), grids[1]
 
 
-def correction_effects(tokens: pd.DataFrame) -> tuple[list[int], list[CorrectionEffect]]:
+def correction_effects(tokens: pd.DataFrame) -> tuple[list[int], Iterator[CorrectionEffect]]:
     """Every correction of `engine.corrections` applied to a step's logged log-ratios (old_logp - sampler_logp):
     verl's TIS and IcePop at token and sequence level, each verl rejection option (REJECTION_THRESHOLDS), TRL's four
     IS modes (C_max 3.0, its default) and the off-policy mask (delta OFF_POLICY_DELTA, with the logged old log-probs
-    as the trainer's current ones: the first pass). Returns the rows' rollout ids and one effect per correction."""
+    as the trainer's current ones: the first pass). Returns the rows' rollout ids and one effect per correction,
+    computed as it is asked for: a whole step of long completions holds one correction's (B, T) weights at a time
+    (twenty at once took gigabytes)."""
     from engine import corrections as c
     from engine.correction_settings import RS_PRESET_THRESHOLDS, TRL_IS_CLIP_MAX, VERL_IS_THRESHOLD
 
     ids, lr, mask, advantages = _token_grid(tokens)
     verl = "verl 0.9.1"
-    made = [
-        (f"TIS token (≤ {VERL_IS_THRESHOLD:g})", verl, c.is_weights(lr, mask, "token", VERL_IS_THRESHOLD)),
-        (f"TIS sequence (≤ {VERL_IS_THRESHOLD:g})", verl, c.is_weights(lr, mask, "sequence", VERL_IS_THRESHOLD)),
-        ("IcePop token [0.5, 5]", verl, c.is_weights(lr, mask, "token", "0.5_5.0")),
-        ("IcePop sequence [0.5, 5]", verl, c.is_weights(lr, mask, "sequence", "0.5_5.0")),
+    made = [  # (name, source, the weights when called)
+        (f"TIS token (≤ {VERL_IS_THRESHOLD:g})", verl, lambda: c.is_weights(lr, mask, "token", VERL_IS_THRESHOLD)),
+        (f"TIS sequence (≤ {VERL_IS_THRESHOLD:g})", verl,
+         lambda: c.is_weights(lr, mask, "sequence", VERL_IS_THRESHOLD)),
+        ("IcePop token [0.5, 5]", verl, lambda: c.is_weights(lr, mask, "token", "0.5_5.0")),
+        ("IcePop sequence [0.5, 5]", verl, lambda: c.is_weights(lr, mask, "sequence", "0.5_5.0")),
     ]
     for option, threshold in REJECTION_THRESHOLDS.items():
         shown = threshold or RS_PRESET_THRESHOLDS[option]
         source = f"{verl}{' preset' if threshold is None else ''}"
-        made.append((f"reject {option} ({shown})", source, c.rejection_mask(lr, mask, option, threshold)))
+        made.append((f"reject {option} ({shown})", source,
+                     lambda option=option, threshold=threshold: c.rejection_mask(lr, mask, option, threshold)))
     for mode in c.TRL_IS_MODES:
         made.append((f"TRL {mode} (C_max {TRL_IS_CLIP_MAX:g})", "TRL 1.16",
-                     c.trl_is_ratio(lr, mask, mode, None, TRL_IS_CLIP_MAX)))
+                     lambda mode=mode: c.trl_is_ratio(lr, mask, mode, None, TRL_IS_CLIP_MAX)))
     made.append((f"off-policy mask (δ {OFF_POLICY_DELTA:g})", "TRL 1.16 / DeepSeek-V3.2",
-                 c.off_policy_mask(lr, mask, advantages, OFF_POLICY_DELTA)))
+                 lambda: c.off_policy_mask(lr, mask, advantages, OFF_POLICY_DELTA)))
     on = mask.numpy() > 0
-    return ids, [CorrectionEffect(name, source, np.where(on, weight.numpy(), np.nan)) for name, source, weight in made]
+    return ids, (CorrectionEffect(name, source, np.where(on, weigh().numpy(), np.nan)) for name, source, weigh in made)
 
 
-def correction_table(effects: list[CorrectionEffect]) -> pd.DataFrame:
+def correction_table(effects: Iterable[CorrectionEffect]) -> pd.DataFrame:
     """One row per correction: the share of the step's tokens it drops (weight 0) and reweights (weight other than
     0 and 1), the sequences it touches, its weights' mean, min and max, and their effective sample size
     mean(w)^2 / mean(w^2) (1: every token counts alike; NaN when every weight is 0)."""

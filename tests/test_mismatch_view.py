@@ -120,6 +120,7 @@ def test_each_correction_on_hand_worked_tokens():
     from dashboard import recompute
 
     ids, effects = recompute.correction_effects(HAND.assign(advantage=[1.0, 1.0, 1.0, -1.0, -1.0]))
+    effects = list(effects)  # computed one by one as asked for; used twice here
     assert ids == [0, 1]
     by_name = {e.name: e for e in effects}
     table = recompute.correction_table(effects).set_index("correction")
