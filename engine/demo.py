@@ -52,7 +52,7 @@ DEMO_RUNS = (
     DemoRun("demo-ppo", "ppo"),  # the critic GRPO removed: the Advantages page compares it with GRPO's schemes
     # GRPO sampled as an asynchronous rollout engine would: a bfloat16 copy of the policy two updates behind, so
     # the Mismatch page shows a real sampler/trainer gap next to demo-grpo's. A CPU without bf16 instructions
-    # emulates them (a step costs about 2.5 times demo-grpo's), so it trains 15 steps, not 40, to keep the demo
+    # emulates them (a step costs about 2.5 times demo-grpo's), so it trains 15 steps, not 30, to keep the demo
     # within its time.
     DemoRun("demo-grpo-bf16-lag2", "grpo",
             flags=("--sampler-dtype", "bfloat16", "--sampler-lag", "2", "--steps", str(MISMATCH_DEMO_STEPS))),
