@@ -165,7 +165,8 @@ common.static_table(right, fractions, {c: ".3f" for c in fractions.columns[1:]})
 st.subheader("Where each algorithm clips: ratio × advantage")
 # Past ASPO's dual cap at least, so that it is on the chart.
 largest_ratios = [w.ratio_max for w in results.values() if np.isfinite(w.ratio_max)]
-ratio_max = float(max(algorithm_defaults("aspo")["dual_clip"] + 0.5, 1.1 * max(largest_ratios, default=2.0 / 1.1)))
+ratio_max = float(max(algorithm_defaults("aspo")["dual_clip"] + 0.5,
+                      1.1 * max(largest_ratios) if largest_ratios else 2.0))
 adv_max = float(max(1.0, 1.1 * advantage_max))
 scatter = {a: pd.DataFrame({"ratio": w.ratio_sample, "advantage": sampled_advantage}) for a, w in results.items()}
 old_prob = 0.5  # p_old of the pictures of the rules that bound the probability itself (DPPO)
