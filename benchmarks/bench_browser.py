@@ -118,6 +118,18 @@ def server_memory_mb(port: int) -> float | None:
 
 RUN_PICKER = 'sidebar: stSelectbox "Run"'
 
+
+def record(results: dict[str, list[float]], name: str, seconds: float) -> None:
+    results.setdefault(name, []).append(seconds)
+    print(f"    {name:<34} {seconds:6.2f} s", flush=True)
+
+
+def record_split(results: dict[str, list[float]], name: str, seconds: tuple[float, float]) -> None:
+    """The whole action, and its server part (until the server's last message; the rest: the browser)."""
+    record(results, name, seconds[0])
+    record(results, f"{name}, server part", seconds[1])
+
+
 FLOOR_APPS = {  # name -> the whole app
     "a header and a line of text": 'import streamlit as st\nst.header("Floor")\nst.write("One line of text.")\n',
     "one plotly chart (100 points)": 'import plotly.graph_objects as go\nimport streamlit as st\nst.header("Floor")\n'
@@ -148,11 +160,8 @@ def measure_floor(repeat: int) -> dict[str, list[float]]:
                     context = browser.new_context(viewport={"width": 1400, "height": 1000})
                     page = context.new_page()
                     watch = widgets.ServerWatch().attach(page)
-                    for label, seconds in ((f"first load (fresh server): {name}", load(page, watch, url)),
-                                           (f"reload: {name}", reload(page, watch))):
-                        for part, value in ((label, seconds[0]), (f"{label}, server part", seconds[1])):
-                            results.setdefault(part, []).append(value)
-                            print(f"    {part:<34} {value:6.2f} s", flush=True)
+                    record_split(results, f"first load (fresh server): {name}", load(page, watch, url))
+                    record_split(results, f"reload: {name}", reload(page, watch))
                     context.close()
         browser.close()
     return results
@@ -163,15 +172,6 @@ def measure(logs_dir: Path, run: str, step: int, longest: tuple[int, int], repea
     from playwright.sync_api import sync_playwright
 
     results: dict[str, list[float]] = {}
-
-    def record(name: str, seconds: float) -> None:
-        results.setdefault(name, []).append(seconds)
-        print(f"    {name:<34} {seconds:6.2f} s", flush=True)
-
-    def record_split(name: str, seconds: tuple[float, float]) -> None:
-        """The whole action, and its server part (until the server's last message; the rest: the browser)."""
-        record(name, seconds[0])
-        record(f"{name}, server part", seconds[1])
 
     query, peak_memory, failures = f"run={run}&step={step}", [], []
     token_query = f"run={run}&step={longest[0]}&rollout={longest[1]}"
@@ -187,11 +187,11 @@ def measure(logs_dir: Path, run: str, step: int, longest: tuple[int, int], repea
                     page = context.new_page()
                     watch = widgets.ServerWatch().attach(page)
                     target = f"{url}/{path}?{token_query if name == 'tokens' else query}"
-                    record_split(f"first load (fresh server): {name}", load(page, watch, target))
-                    record_split(f"reload: {name}", reload(page, watch))
+                    record_split(results, f"first load (fresh server): {name}", load(page, watch, target))
+                    record_split(results, f"reload: {name}", reload(page, watch))
                     if name == "tokens":
                         for seconds in move_the_window(page, watch, times=3):
-                            record_split("tokens: move the window", seconds)
+                            record_split(results, "tokens: move the window", seconds)
                     # every widget of the page, changed in turn (not the run: that leaves the benchmark's run)
                     for widget, seconds, problems in widgets.change_every_widget(page, watch, {RUN_PICKER}):
                         if problems:  # the rest of this page is not measured this time; the other pages are
@@ -199,7 +199,7 @@ def measure(logs_dir: Path, run: str, step: int, longest: tuple[int, int], repea
                             print(f"    FAILED {failures[-1]}", flush=True)
                             break
                         if "not changed" not in widget:  # nothing else to choose: not an interaction
-                            record(f"{name}: {widget}", seconds)
+                            record(results, f"{name}: {widget}", seconds)
                     context.close()
                     peak_memory.append(server_memory_mb(int(url.rsplit(":", 1)[1])))
         browser.close()
