@@ -228,13 +228,11 @@ class RunWriter:
 
     def _step_tables(self, step: int, metrics: Mapping[str, Any] | None, data: Mapping[str, Any], *,
                      wall_time: float | None, now: float) -> dict[str, pa.Table | None]:
-        """One step's tables in the run-log schema (checked and sorted; `steps` only if there are metrics)."""
+        """One step's tables in the run-log schema (checked and sorted; `steps` only if there are metrics), as
+        given: `stored_tables` derives what is written from them on the writer thread."""
         if unknown := sorted(set(data) - set(_ROW_TABLES)):
             raise TypeError(f"unknown table argument(s) {unknown}; the tables are metrics, {', '.join(_ROW_TABLES)}")
         tables = {table: table_rows(table, data.get(table), self.name, step) for table in _ROW_TABLES}
-        tables["token_passes"] = stored_passes(tables["tokens"], tables["token_passes"])
-        tables["token_summary"] = step_summary(tables["rollouts"], tables["tokens"], tables["token_passes"])
-        tables["tokens"] = stored_tokens(tables["tokens"])
         if metrics is not None:
             metrics = dict(metrics)
             step_seconds = metrics.pop("step_seconds", None)
@@ -271,8 +269,9 @@ class RunWriter:
                 kwargs = dict(tables_of(step))
                 if self.rank == 0:
                     kwargs.setdefault("metrics", {})
-                folder.add_tables(self._step_tables(step, kwargs.pop("metrics", None), kwargs,
-                                                    wall_time=kwargs.pop("wall_time", None), now=time.time()))
+                folder.add_tables(stored_tables(self._step_tables(step, kwargs.pop("metrics", None), kwargs,
+                                                                  wall_time=kwargs.pop("wall_time", None),
+                                                                  now=time.time())))
                 if step == last:
                     break
 
@@ -418,7 +417,8 @@ class RunWriter:
 
     def _write_step(self, step: int, tables: dict[str, pa.Table | None]) -> None:
         write_folder(self.data_dir, self.rank, f"step-{step:09d}",
-                     step_dir(self.data_dir, step, self.rank, self._session), lambda f: f.add_tables(tables))
+                     step_dir(self.data_dir, step, self.rank, self._session),
+                     lambda f: f.add_tables(stored_tables(tables)))
         if self.rank == 0:
             self._update_meta(last_step=step)
         if self.compact_every > 0:
@@ -468,10 +468,20 @@ class RunWriter:
 def _add_to_chunk(folder: FolderWriter, tables: dict[str, pa.Table | None]) -> None:
     """Add a step's tables to a chunk being written; a failure deletes the chunk (it could not be whole)."""
     try:
-        folder.add_tables(tables)
+        folder.add_tables(stored_tables(tables))
     except BaseException:
         folder.abort()
         raise
+
+
+def stored_tables(tables: dict[str, pa.Table | None]) -> dict[str, pa.Table | None]:
+    """A step's tables as written (on the writer thread: the caller goes on with the next step meanwhile): pass rows
+    without what they repeat of their token, the step's `token_summary`, token rows without what they repeat."""
+    tables = dict(tables)
+    tables["token_passes"] = stored_passes(tables["tokens"], tables["token_passes"])
+    tables["token_summary"] = step_summary(tables["rollouts"], tables["tokens"], tables["token_passes"])
+    tables["tokens"] = stored_tokens(tables["tokens"])
+    return tables
 
 
 def _remove_leftovers(data_dir: Path, rank: int) -> None:
