@@ -7,6 +7,7 @@ Page-specific parameters (rollout, channel, pass, group, ...) go through `url_va
 
 from __future__ import annotations
 
+import ctypes
 import functools
 import json
 import numbers
@@ -147,6 +148,26 @@ def reward_breakdown(rollout) -> str:
                  ("length", rollout.reward_length)]
         parts = [(name, v) for name, v in parts if name != "process" or not is_missing(v)]
     return f"reward {value(rollout.reward)} = " + " + ".join(f"{name} {value(v)}" for name, v in parts)
+
+
+M_MMAP_THRESHOLD = -3  # glibc's malloc.h
+LARGE_BLOCK_BYTES = 1 << 20
+
+
+@functools.cache
+def release_large_blocks() -> bool:
+    """Have glibc's malloc give every freed block of 1 MB or more back to the system at once (a fixed mmap
+    threshold), for the server's life; True where it took effect (False where malloc is not glibc's).
+
+    By default glibc raises that threshold to the size of the largest block freed so far (up to 32 MB), after which
+    a page's (B, T) arrays of a step of long completions come from the heap, and the server keeps their memory once
+    the page is drawn, so the next page's peak starts higher. On the Algorithm weighting page over a whole step of
+    256 completions of up to 16k tokens (AppTest): resident afterwards 0.55 instead of 1.1-1.3 GB, peak 1.04
+    instead of 1.24-1.33 GB."""
+    try:
+        return ctypes.CDLL("libc.so.6").mallopt(M_MMAP_THRESHOLD, LARGE_BLOCK_BYTES) == 1
+    except (OSError, AttributeError):
+        return False
 
 
 @functools.cache

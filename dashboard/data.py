@@ -182,6 +182,9 @@ TOKEN_PASS_COLUMNS = f"""t.rollout_id, t.position, t.token_id, t.token_text, t.o
     t.advantage, t.prm_step, t.sampler_logp, t.old_logp - t.sampler_logp AS mismatch, p."pass",
     {new_logp_sql("p", "t")} AS new_logp, p.ratio, p.clip, p.grad_weight, p.token_loss, {kl_sql("p", "t")} AS kl,
     p.is_weight, p.rejected"""
+WEIGHED_COLUMNS = f"""t.rollout_id, t.position, t.old_logp, t.ref_logp, t.entropy, t.advantage,
+    {new_logp_sql("p", "t")} AS new_logp"""
+"""The columns of TOKEN_PASS_COLUMNS that `engine.logrows.batch_from_tokens` reads (the objectives' inputs)."""
 
 
 def step_rollouts(reader, run: str, step: int, kind: str | None = None) -> pd.DataFrame:
@@ -339,8 +342,10 @@ def rollout_total_weights(reader, run: str, step: int) -> pd.DataFrame:
     )
 
 
-def tokens_at_update(reader, run: str, step: int, rollout_ids: tuple[int, ...], update: int) -> pd.DataFrame:
-    """Tokens of some rollouts, each with the values of its `update`-th pass (0-based; -1 = its last one).
+def tokens_at_update(reader, run: str, step: int, rollout_ids: tuple[int, ...], update: int,
+                     columns: str = TOKEN_PASS_COLUMNS) -> pd.DataFrame:
+    """Tokens of some rollouts, each with the values of its `update`-th pass (0-based; -1 = its last one): `columns`
+    of the token rows `t` and pass rows `p` (TOKEN_PASS_COLUMNS, or fewer: WEIGHED_COLUMNS).
 
     Different rollouts of a step are in different mini-batches, so "the same moment" for a group is the k-th time
     each of its rollouts was used, not one pass number."""
@@ -358,7 +363,7 @@ def tokens_at_update(reader, run: str, step: int, rollout_ids: tuple[int, ...], 
             SELECT p.* FROM {PASSES} p JOIN chosen c ON c.rollout_id = p.rollout_id AND c."pass" = p."pass"
             WHERE {of_rollouts("p", listed=False)}
         )
-        SELECT {TOKEN_PASS_COLUMNS}
+        SELECT {columns}
         FROM tokens t LEFT JOIN passes p ON p.rollout_id = t.rollout_id AND p.position = t.position
         WHERE {of_rollouts("t")}
         ORDER BY t.rollout_id, t.position

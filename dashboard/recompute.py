@@ -51,11 +51,14 @@ class Weighting:
     params: dict
 
 
-def batch_from_tokens(tokens: pd.DataFrame) -> LoggedBatch:
-    """`engine.logrows.batch_from_tokens`: long token rows (one pass's values) as (B, T) tensors."""
+def batch_from_tokens(tokens: pd.DataFrame, float32: bool = False) -> LoggedBatch:
+    """`engine.logrows.batch_from_tokens`: long token rows (one pass's values) as (B, T) tensors, float64 unless
+    `float32` (what the trainer computed in; half the memory on a step of long completions)."""
+    import torch
+
     from engine.logrows import batch_from_tokens as as_batch
 
-    return as_batch(tokens)
+    return as_batch(tokens, torch.float32 if float32 else torch.float64)
 
 
 def weigh(batch: LoggedBatch, algo: str, overrides: dict) -> Weighting:

@@ -26,6 +26,7 @@ LIVE_POLL_SECONDS = 3
 PAGES_DIR = Path(__file__).resolve().parent / "app_pages"
 STATUS_MARK = {"running": "● ", "crashed": "✖ ", "stopped": "■ ", "finished": ""}
 
+common.release_large_blocks()
 st.set_page_config(page_title="PolicyLens", page_icon=common.app_icon(), layout="wide")
 logs = common.logs_dir()
 

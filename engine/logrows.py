@@ -379,7 +379,8 @@ def step_tables(batch: Batch, records: list[PassRecord], ev: EvalResult | None, 
 
 @dataclass
 class LoggedBatch:
-    """Logged tokens of B completions as padded (B, T) tensors (float64), rows in increasing rollout id."""
+    """Logged tokens of B completions as padded (B, T) tensors (float64 unless asked otherwise), rows in increasing
+    rollout id."""
 
     rollout_ids: list[int]
     logp: torch.Tensor  # (B, T) new log-prob of the chosen pass (old log-prob where no pass was logged)
@@ -391,9 +392,10 @@ class LoggedBatch:
     lengths: np.ndarray  # (B,)
 
 
-def batch_from_tokens(tokens: pd.DataFrame) -> LoggedBatch:
+def batch_from_tokens(tokens: pd.DataFrame, dtype: torch.dtype = torch.float64) -> LoggedBatch:
     """Pivot token rows (rollout_id, position, old_logp, advantage; optional new_logp, ref_logp, entropy) into a
-    LoggedBatch: the inverse of the `tokens` rows (joined with one pass's `token_passes.new_logp`) written above."""
+    LoggedBatch: the inverse of the `tokens` rows (joined with one pass's `token_passes.new_logp`) written above.
+    `dtype`: the tensors' (float32, what a trainer computes in, halves the memory of a step of long completions)."""
     import pandas as pd  # only the reading side needs it; the trainer does not pay for importing it
 
     rollout_ids = sorted(int(r) for r in tokens["rollout_id"].unique())
@@ -414,13 +416,17 @@ def batch_from_tokens(tokens: pd.DataFrame) -> LoggedBatch:
     new = np.where(np.isnan(grid("new_logp", np.nan)), old, grid("new_logp")) if "new_logp" in tokens else old
     has_ref = "ref_logp" in tokens and tokens["ref_logp"].notna().any()
     has_entropy = "entropy" in tokens and tokens["entropy"].notna().any()
+
+    def as_tensor(values: np.ndarray) -> torch.Tensor:
+        return torch.tensor(values, dtype=dtype)
+
     return LoggedBatch(
         rollout_ids=rollout_ids,
-        logp=torch.tensor(new),
-        old_logp=torch.tensor(old),
-        ref_logp=torch.tensor(np.where(mask > 0, grid("ref_logp"), new)) if has_ref else None,
-        entropy=torch.tensor(grid("entropy")) if has_entropy else None,
-        advantages=torch.tensor(grid("advantage")),
-        mask=torch.tensor(mask),
+        logp=as_tensor(new),
+        old_logp=as_tensor(old),
+        ref_logp=as_tensor(np.where(mask > 0, grid("ref_logp"), new)) if has_ref else None,
+        entropy=as_tensor(grid("entropy")) if has_entropy else None,
+        advantages=as_tensor(grid("advantage")),
+        mask=as_tensor(mask),
         lengths=mask.sum(1).astype(int),
     )

@@ -333,3 +333,39 @@ def test_metric_curves_smooth_on_request_and_keep_accuracy_on_zero_to_one():
     # One evaluated step: the accuracy axis spans 0..1 (plotly alone pads a lone point to ±1 around it).
     low, high = plain.layout.yaxis2.range
     assert -0.1 < low < 0 and 1 < high < 1.1
+
+
+_HEAP_PROBE = """
+import sys
+import numpy as np
+
+def resident_mb():
+    return int(open("/proc/self/status").read().split("VmRSS:")[1].split()[0]) / 1024
+
+if sys.argv[1] == "release":
+    from dashboard.common import release_large_blocks
+    assert release_large_blocks()
+big = np.ones(30 << 17)  # 30 MB, freed: glibc's default raises its mmap threshold to 30 MB
+del big
+before = resident_mb()
+block = np.ones(20 << 17)  # 20 MB, below the raised threshold: from the heap unless the threshold is fixed
+del block
+print(resident_mb() - before)
+"""
+
+
+def test_the_server_gives_freed_large_blocks_back_to_the_system():
+    """A 20 MB array freed after a 30 MB one: with glibc's default the server keeps its memory (the control), after
+    `release_large_blocks` it is given back at once."""
+    import subprocess
+    import sys
+
+    root = Path(__file__).resolve().parent.parent
+
+    def kept_mb(mode: str) -> float:
+        out = subprocess.run([sys.executable, "-c", _HEAP_PROBE, mode], capture_output=True, text=True, cwd=root,
+                             check=True)
+        return float(out.stdout.split()[-1])
+
+    assert kept_mb("default") > 15
+    assert kept_mb("release") < 2

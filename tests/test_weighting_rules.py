@@ -119,7 +119,7 @@ def test_weighting_page_keeps_only_what_it_draws_and_draws_what_the_objectives_g
                                            "'train' ORDER BY rollout_id", [run])["rollout_id"])
     updates = data.update_count(reader, run, 1, ids)
     tokens = data.tokens_at_update(reader, run, 1, ids, updates - 1)
-    batch = recompute.batch_from_tokens(tokens)
+    batch = recompute.batch_from_tokens(tokens, float32=True)  # as the page computes
     on = batch.mask.numpy() > 0
     shown = table(at, "algorithm", "zero-gradient tokens")  # the clip fractions, one row per algorithm, as shown
     regions = plotly_spec(at, "clip_regions")["data"]
@@ -131,7 +131,8 @@ def test_weighting_page_keeps_only_what_it_draws_and_draws_what_the_objectives_g
         axis = "x" if panel == 1 else f"x{panel}"
         dots = [t for t in regions if t.get("mode") == "markers" and t.get("xaxis", "x") == axis]
         assert len(dots) == 1, (algo, len(dots))
-        pairs = {(round(r, 9), round(a, 9)) for r, a in zip(full.ratio[on], batch.advantages.numpy()[on], strict=True)}
+        pairs = {(round(r, 9), round(a, 9)) for r, a in zip(full.ratio[on].astype(float),
+                                                              batch.advantages.numpy()[on].astype(float), strict=True)}
         drawn = list(zip(array(dots[0]["x"]).astype(float), array(dots[0]["y"]).astype(float), strict=True))
         assert drawn and all((round(r, 9), round(a, 9)) in pairs for r, a in drawn), algo
         assert len({r for r, _ in pairs}) > 10  # ratios other than 1 (GSPO: one per sequence), so a dot with a wrong

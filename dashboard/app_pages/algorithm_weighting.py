@@ -90,11 +90,11 @@ def weigh_all(logs: str, run: str, step: int, rollout_ids: tuple, update: int, k
     on every rerun would cost more than the objectives do. Each algorithm's (B, T) answer is reduced to what the
     charts draw before the next is asked, so a whole step of long completions costs one algorithm's arrays at a
     time, and the cache keeps kilobytes."""
-    tokens = queries.tokens_at_update(logs, run, step, rollout_ids, update)
+    tokens = queries.weighed_tokens(logs, run, step, rollout_ids, update)
     tokens = tokens[tokens["position"].notna()]  # a token logged without its position has no place in (B, T)
     if tokens.empty:
         return None
-    batch = recompute.batch_from_tokens(tokens)
+    batch = recompute.batch_from_tokens(tokens, float32=True)
     del tokens
     on = batch.mask.numpy() > 0  # (B, T)
     sample = recompute.sample_positions(on, MAX_SCATTER_POINTS)
