@@ -13,7 +13,7 @@ import pandas as pd
 from dashboard.data import PASSES
 from engine.clip_codes import CLIP_COV, CLIP_EVENTS, CLIP_NONE, rate_column
 from engine.runlog.derived import kl_sql, new_logp_sql
-from engine.runlog.summary import SUMMARY_BUCKET
+from engine.runlog.summary import SPLIT_UNTIL, SUMMARY_BUCKET, position_from_sql
 
 SUMMARY = "token_summary"  # the run log's per-step sums of token statistics (engine.runlog.summary)
 
@@ -106,7 +106,7 @@ def token_stats(reader, run: str, first: int, last: int, bucket: int) -> pd.Data
 
 def _token_stats(reader, run: str, first: int, last: int, bucket: int, split: _Split) -> pd.DataFrame:
     params = {"runs": [run], "first": first, "last": last, "bucket": bucket}
-    position_from = "CASE WHEN $bucket > 0 THEN position // $bucket * $bucket END"
+    position_from = position_from_sql("position", "$bucket")
     keys = ["token_text", "position_from"]
     per_token, per_pass = [], []
     if split.any_exact:
@@ -121,7 +121,7 @@ def _token_stats(reader, run: str, first: int, last: int, bucket: int, split: _S
             FROM (SELECT *, {position_from} AS position_from FROM ({_TRAIN_TOKENS}) WHERE {split.exact}) t
             JOIN ({_PASSES} AND token_text IS NULL) p USING (run, token_key)"""))
     if split.any_summary:
-        summary_keys = "token_text, CASE WHEN $bucket > 0 THEN position_from // $bucket * $bucket END AS position_from"
+        summary_keys = f"token_text, {position_from_sql('position_from', '$bucket')} AS position_from"
         per_token.append(reader.sql(f"""
             SELECT token_text, position_from, sum(rows)::BIGINT AS count, sum(advantage_sum) AS advantage_sum,
                    sum(advantage_rows)::BIGINT AS advantage_rows, sum(entropy_sum) AS entropy_sum,
@@ -160,6 +160,12 @@ def _summed(reader, params: dict, keys: list[str], stored: str, joined: str) -> 
     return totals
 
 
+def bucket_positions(position_from: int, bucket: int) -> str:
+    """The positions of a bucket as text, e.g. "8..15", or "2048..4095" from SPLIT_UNTIL on (`position_from_sql`)."""
+    last = 2 * position_from if position_from >= SPLIT_UNTIL else position_from + bucket
+    return f"{position_from}..{last - 1}"
+
+
 def rollouts_with_token(reader, run: str, first: int, last: int, token_text: str, bucket: int,
                         position_from: int | None, limit: int = 500) -> pd.DataFrame:
     """The train rollouts of steps first..last that hold a token text (within a position bucket, when given),
@@ -170,7 +176,7 @@ def rollouts_with_token(reader, run: str, first: int, last: int, token_text: str
         SELECT r.step, r.rollout_id, r.group_id, count(*) AS occurrences, list(t.position ORDER BY t.position)
                AS positions, r.completion, r.reward, r.advantage, r.length
         FROM tok t JOIN rollouts r ON r.run = t.run AND r.step = t.step AND r.rollout_id = t.rollout_id
-        WHERE t.token_text = $token AND ($bucket <= 0 OR t.position // $bucket * $bucket = $position_from)
+        WHERE t.token_text = $token AND ($bucket <= 0 OR {position_from_sql("t.position", "$bucket")} = $position_from)
         GROUP BY ALL ORDER BY r.step, r.rollout_id LIMIT $limit
         """,
         {"runs": [run], "first": first, "last": last, "token": token_text, "bucket": bucket,
@@ -351,15 +357,17 @@ def covariance_drivers(reader, run: str, first: int, last: int, bucket: int, top
     entropy_sum (entropy at sampling, summed over rows), cov_rows (rows Clip-Cov / KL-Cov selected),
     top_covariance / top_kl (which ranking picked the text), and the range's totals kl_total / kl_rows_total, for
     shares (`driver_table`)."""
-    by_position = "CASE WHEN $bucket > 0 THEN {} // $bucket * $bucket END AS position_from"
+    def by_position(position: str) -> str:
+        return f"{position_from_sql(position, '$bucket')} AS position_from"
+
     return _consistent(reader, [run], first, last, bucket, lambda splits: reader.sql(
         f"""
         WITH per_step AS (
             SELECT step, token_text, position_from, sum(n)::BIGINT AS rows, sum(covariance_sum) AS covariance_sum,
                    sum(kl_sum) AS kl_sum, sum(kl_rows)::BIGINT AS kl_rows, sum(entropy_sum) AS entropy_sum,
                    sum(cov_rows)::BIGINT AS cov_rows
-            FROM ({_covariance_sums(splits[run], "token_text, " + by_position.format("position"),
-                                    "token_text, " + by_position.format("position_from"))})
+            FROM ({_covariance_sums(splits[run], "token_text, " + by_position("position"),
+                                    "token_text, " + by_position("position_from"))})
             GROUP BY ALL
         ), ranked AS (
             SELECT token_text, position_from,

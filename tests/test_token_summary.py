@@ -15,7 +15,7 @@ from dashboard import token_data
 from engine.runlog import RunReader, RunWriter, data_dir_of
 from engine.runlog.layout import scan_segments
 from engine.runlog.schema import DATA_TABLES, table_rows
-from engine.runlog.summary import step_summary
+from engine.runlog.summary import position_from, position_from_sql, step_summary
 
 BUCKETS = (0, 4, 8, 32, 3)  # 3: not a multiple of the summary's 4 positions, read row by row
 WITHOUT_SUMMARY = [t for t in DATA_TABLES if t != "token_summary"]
@@ -128,6 +128,45 @@ def test_compaction_summarises_folders_logged_before_the_summary(tmp_path):
         assert [s.is_chunk for s in scan_segments(data_dir_of(tmp_path / "run"))] == [True]
         assert reader.steps_without("token_summary", "run", ("tokens", "token_passes")) == []
         _assert_same(_statistics(reader, "run", 0, 3), want)
+
+
+def test_positions_from_1024_on_fall_in_doubling_ranges_in_numpy_and_in_sql():
+    """Worked by hand: buckets of 4 (and 32) below 1024, then [1024, 2048), [2048, 4096), ..., whatever the bucket."""
+    import duckdb
+
+    positions = np.array([0, 3, 4, 1021, 1023, 1024, 1025, 2047, 2048, 4095, 4096, 16383, 16384])
+    by_four = [0, 0, 4, 1020, 1020, 1024, 1024, 1024, 2048, 2048, 4096, 8192, 16384]
+    by_32 = [0, 0, 0, 992, 992, 1024, 1024, 1024, 2048, 2048, 4096, 8192, 16384]
+    assert position_from(positions).tolist() == by_four
+    con = duckdb.connect()
+    for bucket, want in ((4, by_four), (32, by_32)):
+        got = con.execute(f"SELECT {position_from_sql('p', '$b')} FROM unnest($p) AS t(p)",
+                          {"p": positions.tolist(), "b": bucket}).fetchall()
+        assert [g for (g,) in got] == want
+    # a summary row's position_from gives its tokens' bucket: applied to by_four, the same as to the positions
+    got = con.execute(f"SELECT {position_from_sql('p', '32')} FROM unnest($p) AS t(p)", {"p": by_four}).fetchall()
+    assert [g for (g,) in got] == by_32
+    assert con.execute(f"SELECT {position_from_sql('5', '0')}").fetchall() == [(None,)]
+    assert token_data.bucket_positions(992, 32) == "992..1023" and token_data.bucket_positions(2048, 32) == "2048..4095"
+
+
+def test_long_responses_are_summarised_in_doubling_ranges_and_give_the_row_by_row_statistics(tmp_path):
+    """Responses of 1,300-2,600 tokens: the summary splits positions from 1024 on in two ranges only, and every
+    statistic of the page equals the row-by-row one (which buckets the positions by the same rule)."""
+    with RunWriter.create(tmp_path, "long", algorithm="grpo", background=False, compact_every=0) as writer:
+        for step in range(2):
+            writer.log_step(step, **synthetic_step(step, groups=2, group_size=2, length=2600, passes=2,
+                                                   rng=np.random.default_rng(step)))
+    with RunReader(tmp_path) as reader:
+        split = reader.sql("SELECT DISTINCT position_from FROM token_summary WHERE kind = 'tokens' AND bucket = 4 "
+                           "AND position_from >= 1000 ORDER BY 1")["position_from"].tolist()
+        assert split == [1000, 1004, 1008, 1012, 1016, 1020, 1024, 2048]
+        got = _statistics(reader, "long", 0, 1)
+    with RunReader(tmp_path, tables=WITHOUT_SUMMARY) as reader:
+        want = _statistics(reader, "long", 0, 1)
+    _assert_same(got, want)
+    tail = want["token_stats 32"].dropna(subset=["position_from"])
+    assert set(tail["position_from"][tail["position_from"] >= 1024]) == {1024, 2048}
 
 
 def test_summary_rows_of_a_hand_worked_step():

@@ -36,7 +36,10 @@ if len(steps) > 1:
                      "a whole large run that takes far longer (100M tokens: about a minute).")
 else:
     first = last = steps[0]
-bucket_name = right.selectbox("Split by position", list(BUCKETS), key="stats_bucket")
+bucket_name = right.selectbox("Split by position", list(BUCKETS), key="stats_bucket",
+                              help=f"from position {token_data.SPLIT_UNTIL:,} on, in doubling ranges "
+                              f"({token_data.SPLIT_UNTIL:,}..{2 * token_data.SPLIT_UNTIL - 1:,}, "
+                              f"{2 * token_data.SPLIT_UNTIL:,}..{4 * token_data.SPLIT_UNTIL - 1:,}, ...)")
 bucket = BUCKETS[bucket_name]
 
 # ---- per token text
@@ -70,8 +73,7 @@ picked = st.dataframe(
 rows = picked.selection.rows if picked is not None else []
 if rows and rows[0] < len(shown):
     token = shown.iloc[rows[0]]
-    where = f" at positions {int(token['position_from'])}..{int(token['position_from']) + bucket - 1}" if bucket \
-        else ""
+    where = f" at positions {token_data.bucket_positions(int(token['position_from']), bucket)}" if bucket else ""
     holders = common.load("the rollouts with this token", queries.rollouts_with_token, logs, run, first, last,
                           str(token["token_text"]), bucket, int(token["position_from"]) if bucket else None)
     st.markdown(f"**Rollouts holding token {common.md(charts.token_as_text(token['token_text']))}{common.md(where)}** "

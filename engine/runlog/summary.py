@@ -19,9 +19,13 @@ Every row holds sums over one step of one writer (rank), for one key; `kind` say
   loss rows over the number of passes that used it.
 
 Rows of `bucket` 0 have no position split (position_from NULL); rows of bucket `SUMMARY_BUCKET` are per
-position_from = position // 4 * 4, and any bucket that is a multiple of 4 is a sum of them (since
-(p // 4 * 4) // b * b = p // b * b). The values are the ones the reader's views give: float32 columns summed as
-float64, new_logp and kl derived as `engine.runlog.derived` derives them.
+position_from = position // 4 * 4 below `SPLIT_UNTIL` (1024), and any bucket that is a multiple of 4 is a sum of
+them (since (p // 4 * 4) // b * b = p // b * b). From position 1024 on, the positions are split in doubling ranges
+[1024, 2048), [2048, 4096), ... (position_from the power of two at or below the position), whatever the bucket: a
+16k-token response adds four buckets per token text instead of 3,840, which kept the summary of a run of long
+responses about as large as its tokens (`position_from_sql` reads rows written before either way). The values
+are the ones the reader's views give: float32 columns summed as float64, new_logp and kl derived as
+`engine.runlog.derived` derives them.
 """
 
 from __future__ import annotations
@@ -35,6 +39,27 @@ from engine.runlog.schema import TABLE_SCHEMAS
 
 SUMMARY_BUCKET = 4
 """The finest position bucket summarised: the dashboard's buckets (4, 8, 16, 32 positions) are multiples of it."""
+
+SPLIT_UNTIL = 1024
+"""The first position of the doubling ranges (a multiple of every bucket the dashboard offers)."""
+
+
+def position_from_sql(position: str, bucket: str) -> str:
+    """SQL of the first position of the bucket that holds `position` (a column or expression) for a split of
+    `bucket` positions (an expression, a multiple of SUMMARY_BUCKET; NULL when it is 0 or less: no split): below
+    SPLIT_UNTIL position // bucket * bucket, from there the power of two at or below the position. Applied to
+    summary rows' position_from, it gives the same bucket as applied to their tokens' positions."""
+    return (f"CASE WHEN {bucket} <= 0 THEN NULL WHEN {position} >= {SPLIT_UNTIL} "
+            f"THEN 1::BIGINT << floor(log2({position}))::INTEGER ELSE {position} // {bucket} * {bucket} END")
+
+
+def position_from(position: np.ndarray) -> np.ndarray:
+    """`position_from_sql` of non-negative positions (n,) for SUMMARY_BUCKET, in numpy."""
+    out = position // SUMMARY_BUCKET * SUMMARY_BUCKET
+    tail = position >= SPLIT_UNTIL
+    out[tail] = np.left_shift(1, np.floor(np.log2(position[tail])).astype(np.int64))
+    return out
+
 
 CLIP_COV = 4  # engine.clip_codes.CLIP_COV (not imported: the run log depends on nothing of the engine)
 _SCHEMA = TABLE_SCHEMAS["token_summary"]
@@ -157,7 +182,7 @@ def _by_bucket(kind: str, rows: dict, keys: list[str], sums: dict[str, str] | No
     """`_grouped` rows of `kind` per `SUMMARY_BUCKET` positions, and without a position split (bucket 0, the
     former added up)."""
     position = pc.fill_null(rows.pop("position"), -1).to_numpy(zero_copy_only=False)  # (n,) NULL: none logged
-    rows["position_from"] = pa.array(position // SUMMARY_BUCKET * SUMMARY_BUCKET, mask=position < 0)
+    rows["position_from"] = pa.array(position_from(np.maximum(position, 0)), mask=position < 0)
     split = _grouped(rows, [*keys, "position_from"], sums, counts, totals)
     added = [*(counts or {}), *(totals or {}), "rows"]
     whole = _grouped({k: v for k, v in split.items() if k != "position_from"}, keys,
