@@ -499,7 +499,7 @@ def time_functions(logs_dir: Path, run: str, repeat: int) -> list[tuple[str, flo
                    (4096, 4607))
     timed("token_heatmap_html (window of 512)", token_heatmap_html, window, "ratio")
     timed("token_overview_strip figure", charts.token_overview_strip, bins, "ratio", (4096, 4607), 512)
-    timed("token_channel_bins figure", charts.token_channel_bins, bins, list(CHANNELS), (4096, 4607))
+    timed("token_channel_bins figure", charts.token_channel_bins, bins, list(CHANNELS))
     group = tuple(int(r) for r in rollouts[rollouts["group_id"] == rollouts["group_id"].iloc[0]]["rollout_id"])
     group_tokens = timed("rollout_tokens (1 group)", queries.rollout_tokens, logs, run, middle, group, 1)
     timed("prm_steps (1 group)", queries.prm_steps, logs, run, middle, group)

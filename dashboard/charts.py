@@ -197,14 +197,12 @@ def token_channel_heatmap(tokens: pd.DataFrame, channel_names: list[str]) -> go.
     return figure
 
 
-def token_channel_bins(bins: pd.DataFrame, channel_names: list[str], window: tuple[int, int]) -> go.Figure:
+def token_channel_bins(bins: pd.DataFrame, channel_names: list[str]) -> go.Figure:
     """Token x channel heatmap of a long completion at screen resolution: one column per bin of
-    `dashboard.data.rollout_token_bins` (the mean of its tokens), the window shown in the text outlined."""
+    `dashboard.data.rollout_token_bins` (the mean of its tokens)."""
     centres = ((bins["first_pos"] + bins["last_pos"]) / 2).to_numpy(dtype=float)
     width = int(bins["tokens"].max())  # no label per cell: 14 rows of them were most of the figure's bytes
-    figure = _channel_rows(bins, channel_names, centres, None, f"mean of the {width} tokens around %{{x:.0f}}")
-    figure.layout["shapes"] = [_window_outline(window)]
-    return figure
+    return _channel_rows(bins, channel_names, centres, None, f"mean of the {width} tokens around %{{x:.0f}}")
 
 
 def _channel_rows(frame: pd.DataFrame, channel_names: list[str], x, labels: list[str] | None,

@@ -135,9 +135,11 @@ def test_a_long_rollout_is_shown_by_windows_with_a_strip_of_the_whole(logs, monk
     np.testing.assert_allclose(array(windows["x"]), (starts + np.minimum(starts + 511, LONG - 1)) / 2)
     outline = strip["layout"]["shapes"][0]
     assert (outline["x0"], outline["x1"]) == (-0.5, 511.5)
-    # The heatmap: the whole completion binned, never one column per token.
+    # The heatmap: the whole completion binned, never one column per token; drawn outside the window's fragment,
+    # so it does not mark the window (moving the window neither rebuilds nor redraws it).
     heatmap = plotly_spec(at, "token_channel_heatmap")
     assert all(len(array(trace["x"])) == 1000 for trace in heatmap["data"])
+    assert not heatmap["layout"].get("shapes")
 
     # Moving the window: the next tokens, and the URL follows (a link opens the same window).
     at.select_slider(key="window").set_value(2048).run()

@@ -165,16 +165,18 @@ def text_and_values() -> None:
         st.caption("Clip events in this pass: " + ", ".join(f"{CLIP_NAMES[c]} {n}" for c, n in clip_counts.items())
                    + (f" · rejected tokens {int(bins['rejected_tokens'].sum())}" if "rejected" not in absent else ""))
 
-    st.subheader("Token × channel")
     whole = window == (first_pos, last_pos)
     if whole:
+        st.subheader("Token × channel")
         st.plotly_chart(charts.token_channel_heatmap(tokens, channel_names), key="token_channel_heatmap")
-    else:
-        st.caption(f"The whole completion, each column the mean of {int(bins['tokens'].max())} tokens or fewer; the "
-                   "outlined part is the window above, its exact values in the table below and on each token.")
-        st.plotly_chart(charts.token_channel_bins(bins, channel_names, window), key="token_channel_heatmap")
     with st.expander("Values" if whole else f"Values of tokens {window[0]}–{window[1]}"):
         st.dataframe(tokens.drop(columns=["rollout_id"]), hide_index=True, key="token_values")
 
 
 text_and_values()
+if int(bins["tokens"].sum()) > DEFAULT_WINDOW:
+    # Outside the fragment: it shows the whole completion, so moving the window neither rebuilds nor redraws it.
+    st.subheader("Token × channel")
+    st.caption(f"The whole completion, each column the mean of {int(bins['tokens'].max())} tokens or fewer; the "
+               "window's exact values are on each token above and in its table of values.")
+    st.plotly_chart(charts.token_channel_bins(bins, channel_names), key="token_channel_heatmap")

@@ -132,9 +132,10 @@ class FlatTokens:
         self.loss_mask = self.values(samples["loss_mask"])  # (N,) bool, nulls kept
         trained = np.asarray(pc.fill_null(self.loss_mask, False), dtype=bool)
         first = np.flatnonzero(trained)  # (M,) ascending, so the first of each sample comes first
-        with_mask, at = np.unique(self.parent[first], return_index=True)
+        owner = self.parent[first]  # (M,) ascending
+        at = np.flatnonzero(np.r_[len(owner) > 0, owner[1:] != owner[:-1]])  # each sample's first (no sort)
         self.prompt_len = self.lengths.copy()  # (n,) a sample without a loss-masked token is all prompt
-        self.prompt_len[with_mask] = self.local[first[at]]
+        self.prompt_len[owner[at]] = self.local[first[at]]
         self.position = self.local - self.prompt_len[self.parent]  # (N,) 0 at the first trained token
         self.completion = pa.array(self.position >= 0)  # (N,)
 
