@@ -45,11 +45,12 @@ from engine.importers.base import ReadContext, Step
 from engine.runlog.schema import DUMP_FIELDS
 
 LIST_COLUMNS = ("sampler_logp", "old_logp", "ref_logp", "entropy", "advantage", "value", "return")
-"""Per-token float lists of a samples table, each stored in the `tokens` column of the same name."""
+"""Per-token float lists of a samples table, each stored in the `tokens` column of the same name: float32, as the
+run log stores them (rounded once, as the run log's own cast would; half the memory of a step)."""
 
 SAMPLE_SCHEMA = pa.schema(
     [("rank", pa.int64()), ("group_index", pa.int64()), ("token_ids", pa.list_(pa.int64())),
-     ("loss_mask", pa.list_(pa.bool_())), *((name, pa.list_(pa.float64())) for name in LIST_COLUMNS),
+     ("loss_mask", pa.list_(pa.bool_())), *((name, pa.list_(pa.float32())) for name in LIST_COLUMNS),
      ("reward", pa.float64()), ("reward_components", pa.string()), ("prompt_text", pa.string()),
      ("completion_text", pa.string()), ("truncated", pa.bool_()), ("filtered", pa.bool_()),
      ("filter_reason", pa.string())]
@@ -58,7 +59,7 @@ SAMPLE_SCHEMA = pa.schema(
 
 SAMPLE_SQL_TYPES = {
     "rank": "BIGINT", "group_index": "BIGINT", "token_ids": "BIGINT[]", "loss_mask": "BOOLEAN[]",
-    **{name: "DOUBLE[]" for name in LIST_COLUMNS}, "reward": "DOUBLE", "reward_components": "VARCHAR",
+    **{name: "FLOAT[]" for name in LIST_COLUMNS}, "reward": "DOUBLE", "reward_components": "VARCHAR",
     "prompt_text": "VARCHAR", "completion_text": "VARCHAR", "truncated": "BOOLEAN", "filtered": "BOOLEAN",
     "filter_reason": "VARCHAR",
 }
