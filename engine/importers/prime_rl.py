@@ -40,12 +40,12 @@ from engine.runlog import RunLogError
 
 _STEP_DIR = re.compile(r"^step_(\d+)$")
 _RANK_FILE = re.compile(r"^rank_(\d+)\.jsonl$")
-_FLOAT_LISTS = ("advantages", "rewards", "inference_logprobs", "trainer_logprobs", "entropy", "mismatch_kl",
-                "importance_ratio", "rl_weights", "ce_weights", "ref_kl_weights")
+_FLOAT_LISTS = ("advantages", "rewards", "inference_logprobs", "trainer_logprobs", "entropy", "rl_weights",
+                "ce_weights", "ref_kl_weights")
+"""The float lists read (mismatch_kl, importance_ratio and the others a view derives are neither read nor checked)."""
 _BOOL_LISTS = ("loss_mask", "is_masked", "is_masked_high", "is_masked_low")
-_DERIVED = ("mismatch_kl", "importance_ratio")  # checked on the slow path, not read: a view derives them
 JSON_COLUMNS = {"step": "BIGINT", "rank": "BIGINT", "token_ids": "BIGINT[]",
-                **{k: "DOUBLE[]" for k in _FLOAT_LISTS if k not in _DERIVED}, **{k: "BOOLEAN[]" for k in _BOOL_LISTS},
+                **{k: "DOUBLE[]" for k in _FLOAT_LISTS}, **{k: "BOOLEAN[]" for k in _BOOL_LISTS},
                 "losses": "JSON[]", "env_name": "VARCHAR"}
 EXPRESSIONS = {
     "rank": "rank", "token_ids": "token_ids", "loss_mask": "loss_mask", "sampler_logp": "inference_logprobs",
