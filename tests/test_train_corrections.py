@@ -47,7 +47,9 @@ CASES = {
     "icepop-sequence": dict(rollout_is="sequence", rollout_is_threshold="0.05_20"),
     "trl-token-mask": dict(rollout_is="token_mask", rollout_is_threshold="0.8_1.25"),
     "rs-token-k1": dict(rollout_rs="token_k1", rollout_rs_threshold="0.8_1.25"),
-    "rs-seq-mean-k3": dict(rollout_rs="seq_mean_k3", rollout_rs_threshold="0.05"),
+    # the bf16 sampler's gap depends on the CPU: sequence means of k3 of 0.02-0.046 on one with bf16 instructions
+    # (avx512_bf16), above 0.05 for some sequences on the machines this test first ran on; 0.04 acts on both
+    "rs-seq-mean-k3": dict(rollout_rs="seq_mean_k3", rollout_rs_threshold="0.04"),
     "off-policy-mask": dict(off_policy_mask=0.05),
 }
 
