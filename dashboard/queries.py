@@ -304,8 +304,7 @@ def correction_table(logs_dir: str, run: str, step: int) -> pd.DataFrame:
     """Every correction on the whole step (`dashboard.recompute.correction_table`; imports torch)."""
     from dashboard import recompute
 
-    _, effects = recompute.correction_effects(_step_sampler_tokens(logs_dir, run, step))
-    return recompute.correction_table(effects)
+    return recompute.correction_table(recompute.chunked_effects(_step_sampler_tokens(logs_dir, run, step)))
 
 
 @st.cache_data(ttl=STEP_TTL, show_spinner=False)

@@ -28,9 +28,9 @@ if TYPE_CHECKING:
     from engine.logrows import LoggedBatch
 
 __all__ = ["IMPOSSIBLE", "KNOBS", "SCHEMES", "CorrectionEffect", "WeighedForCharts", "Weighting", "advantage_schemes",
-           "author_knobs", "batch_from_tokens", "binned", "binned_columns", "clip_fraction_row", "clip_region",
-           "column_bins", "correction_effects", "correction_table", "for_charts", "process_sandbox", "sample_positions",
-           "weigh", "weight_curves", "whitened"]
+           "author_knobs", "batch_from_tokens", "binned", "binned_columns", "chunked_effects", "clip_fraction_row",
+           "clip_region", "column_bins", "correction_effects", "correction_table", "for_charts", "process_sandbox",
+           "sample_positions", "weigh", "weight_curves", "whitened"]
 
 KNOBS = ("eps_low", "eps_high", "beta")
 
@@ -382,18 +382,44 @@ def correction_effects(tokens: pd.DataFrame) -> tuple[list[int], Iterator[Correc
     return ids, (CorrectionEffect(name, source, np.where(on, weigh().numpy(), np.nan)) for name, source, weigh in made)
 
 
+def chunked_effects(tokens: pd.DataFrame, rows: int = 32) -> Iterator[CorrectionEffect]:
+    """`correction_effects` of a step's tokens taken `rows` rollouts at a time, shortest first: every correction
+    works row by row, so each chunk's weights are the whole step's, and a chunk is padded to its own longest row
+    instead of the step's (256 responses of up to 16k tokens: 4.2M cells for 0.7M tokens). Several effects per
+    correction, one per chunk: `correction_table` adds them up."""
+    longest = tokens.groupby("rollout_id")["position"].max().sort_values(kind="stable")  # (B,)
+    chunk_of = pd.Series(np.arange(len(longest)) // rows, index=longest.index)
+    for _, part in tokens.groupby(tokens["rollout_id"].map(chunk_of), sort=True):
+        yield from correction_effects(part)[1]
+
+
 def correction_table(effects: Iterable[CorrectionEffect]) -> pd.DataFrame:
     """One row per correction: the share of the step's tokens it drops (weight 0) and reweights (weight other than
     0 and 1), the sequences it touches, its weights' mean, min and max, and their effective sample size
-    mean(w)^2 / mean(w^2) (1: every token counts alike; NaN when every weight is 0)."""
-    rows = []
+    mean(w)^2 / mean(w^2) (1: every token counts alike; NaN when every weight is 0). Effects of one name (the same
+    correction on other rows, `chunked_effects`) add up to one row, in the order the names first come."""
+    totals: dict[str, dict] = {}
     for effect in effects:
-        w = effect.weight[np.isfinite(effect.weight)]
-        dropped, reweighted = w == 0, (w != 0) & (np.abs(w - 1) > UNCHANGED)
+        w = effect.weight[np.isfinite(effect.weight)].astype(np.float64)
         touched = (np.abs(np.nan_to_num(effect.weight, nan=1.0) - 1) > UNCHANGED).any(axis=1)  # (B,)
-        mean_sq = float((w**2).mean()) if w.size else math.nan
-        rows.append({"correction": effect.name, "source": effect.source, "tokens dropped": dropped.mean(),
-                     "tokens reweighted": reweighted.mean(), "sequences touched": int(touched.sum()),
-                     "weight mean": w.mean(), "weight min": w.min(), "weight max": w.max(),
-                     "ESS": w.mean() ** 2 / mean_sq if mean_sq > 0 else math.nan})
+        total = totals.setdefault(effect.name, {"source": effect.source, "tokens": 0, "dropped": 0, "reweighted": 0,
+                                                "touched": 0, "sum": 0.0, "sum_sq": 0.0, "min": math.inf,
+                                                "max": -math.inf})
+        total["tokens"] += w.size
+        total["dropped"] += int((w == 0).sum())
+        total["reweighted"] += int(((w != 0) & (np.abs(w - 1) > UNCHANGED)).sum())
+        total["touched"] += int(touched.sum())
+        total["sum"] += float(w.sum())
+        total["sum_sq"] += float((w**2).sum())
+        if w.size:
+            total["min"], total["max"] = min(total["min"], float(w.min())), max(total["max"], float(w.max()))
+    rows = []
+    for name, t in totals.items():
+        n = t["tokens"]
+        mean, mean_sq = (t["sum"] / n, t["sum_sq"] / n) if n else (math.nan, math.nan)
+        rows.append({"correction": name, "source": t["source"], "tokens dropped": t["dropped"] / n if n else math.nan,
+                     "tokens reweighted": t["reweighted"] / n if n else math.nan, "sequences touched": t["touched"],
+                     "weight mean": mean, "weight min": t["min"] if n else math.nan,
+                     "weight max": t["max"] if n else math.nan,
+                     "ESS": mean**2 / mean_sq if mean_sq > 0 else math.nan})
     return pd.DataFrame(rows)
