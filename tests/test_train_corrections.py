@@ -42,6 +42,8 @@ def _grid(tokens, column):
     return out, mask, row
 
 
+MEDIAN_OF_STEP_1 = "the median of step 1's sequence means"  # a threshold the test measures before training
+
 CASES = {
     "tis-token": dict(rollout_is="token", rollout_is_threshold="1.01"),
     "icepop-sequence": dict(rollout_is="sequence", rollout_is_threshold="0.05_20"),
@@ -50,7 +52,7 @@ CASES = {
     # the threshold: the median of step 1's sequence means (`_median_seq_mean_k3`), so that the rejection acts on
     # about half of them whatever the CPU (the bf16 sampler's gap depends on it: the means were 0.02-0.046 on one
     # with bf16 instructions, above 0.05 for some sequences on others)
-    "rs-seq-mean-k3": dict(rollout_rs="seq_mean_k3", rollout_rs_threshold=None),
+    "rs-seq-mean-k3": dict(rollout_rs="seq_mean_k3", rollout_rs_threshold=MEDIAN_OF_STEP_1),
     "off-policy-mask": dict(off_policy_mask=0.05),
 }
 
@@ -87,7 +89,7 @@ def _median_seq_mean_k3(logs_dir, run_tiny) -> str:
 @pytest.mark.parametrize("name", list(CASES))
 def test_each_correction_trains_and_logs_consistent_weights_and_rejections(tmp_path, run_tiny, name):
     case = dict(CASES[name])
-    if case.get("rollout_rs_threshold", "") is None:
+    if case.get("rollout_rs_threshold") == MEDIAN_OF_STEP_1:
         case["rollout_rs_threshold"] = _median_seq_mean_k3(tmp_path / "probe", run_tiny)
     assert run_tiny(tmp_path, name, **MISMATCH, **case) == "finished"
     tokens, passes, extras = _logged(tmp_path, name)

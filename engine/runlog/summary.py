@@ -46,7 +46,8 @@ SPLIT_UNTIL = 1024
 
 def position_from_sql(position: str, bucket: str) -> str:
     """SQL of the first position of the bucket that holds `position` (a column or expression) for a split of
-    `bucket` positions (an expression, a multiple of SUMMARY_BUCKET; NULL when it is 0 or less: no split): below
+    `bucket` positions (an expression; a multiple of SUMMARY_BUCKET to be read from the summary, as every bucket
+    the dashboard offers is; NULL when it is 0 or less: no split): below
     SPLIT_UNTIL position // bucket * bucket, from there the power of two at or below the position. Applied to
     summary rows' position_from, it gives the same bucket as applied to their tokens' positions."""
     return (f"CASE WHEN {bucket} <= 0 THEN NULL WHEN {position} >= {SPLIT_UNTIL} "
