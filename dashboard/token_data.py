@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import numpy as np
 import pandas as pd
 
 from dashboard.data import PASSES
@@ -160,10 +161,15 @@ def _summed(reader, params: dict, keys: list[str], stored: str, joined: str) -> 
     return totals
 
 
+def bucket_last(position_from, bucket: int):
+    """The last position of the bucket that starts at `position_from` (an int or a Series): position_from + bucket -
+    1, or 2 position_from - 1 from SPLIT_UNTIL on (`position_from_sql`)."""
+    return np.where(position_from >= SPLIT_UNTIL, 2 * position_from, position_from + bucket) - 1
+
+
 def bucket_positions(position_from: int, bucket: int) -> str:
-    """The positions of a bucket as text, e.g. "8..15", or "2048..4095" from SPLIT_UNTIL on (`position_from_sql`)."""
-    last = 2 * position_from if position_from >= SPLIT_UNTIL else position_from + bucket
-    return f"{position_from}..{last - 1}"
+    """The positions of a bucket as text, e.g. "8..15", or "2048..4095" from SPLIT_UNTIL on."""
+    return f"{position_from}..{int(bucket_last(position_from, bucket))}"
 
 
 def rollouts_with_token(reader, run: str, first: int, last: int, token_text: str, bucket: int,

@@ -148,6 +148,7 @@ def test_positions_from_1024_on_fall_in_doubling_ranges_in_numpy_and_in_sql():
     assert [g for (g,) in got] == by_32
     assert con.execute(f"SELECT {position_from_sql('5', '0')}").fetchall() == [(None,)]
     assert token_data.bucket_positions(992, 32) == "992..1023" and token_data.bucket_positions(2048, 32) == "2048..4095"
+    assert token_data.bucket_last(pd.Series([0, 992, 1024, 4096]), 32).tolist() == [31, 1023, 2047, 8191]
 
 
 def test_long_responses_are_summarised_in_doubling_ranges_and_give_the_row_by_row_statistics(tmp_path):

@@ -48,7 +48,10 @@ if stats.empty:
     st.info(f"Run {common.md(run)} logged no train tokens in steps {first}..{last} (per-token logging off, or only "
             "evaluations in that range).")
     st.stop()
-if not bucket:
+if bucket:
+    stats.insert(stats.columns.get_loc("position_from") + 1, "position_to",
+                 token_data.bucket_last(stats["position_from"], bucket))
+else:
     stats = stats.drop(columns=["position_from"])
 min_count = st.number_input("Hide tokens seen fewer times than", 1, value=1, key="stats_min_count")
 shown = stats[stats["count"] >= min_count].reset_index(drop=True)
@@ -61,6 +64,7 @@ picked = st.dataframe(
     on_select="rerun", selection_mode="single-row",
     column_config={
         "token_text": st.column_config.TextColumn("token"), "position_from": "from position",
+        "position_to": "to position",
         "advantage_mean": st.column_config.NumberColumn("mean advantage", format="%.3f"),
         "clip_low_rate": st.column_config.NumberColumn("clip low", format="%.3f"),
         "clip_high_rate": st.column_config.NumberColumn("clip high", format="%.3f"),
