@@ -164,6 +164,8 @@ def write_synthetic_run(logs_dir: str, name: str, steps: int = 3, groups: int = 
         writer.log_step(step, **data)
     if status != "running":
         writer.set_status(status)
+    else:
+        writer.flush()  # every step on disk when this returns, the run still running
 
 
 if __name__ == "__main__":  # handy for trying the dashboard: python tests/synthetic_runs.py LOGS_DIR NAME [STEPS]

@@ -48,6 +48,7 @@ def test_token_inspector_in_a_browser_escapes_tokens_and_updates_live(tmp_path):
     rng = np.random.default_rng(0)
     writer = RunWriter.create(tmp_path, "hostile", algorithm="grpo", task="linear", config={"g": 2}, model="m")
     writer.log_step(0, **synthetic_step(0, 2, 2, 10, 1, rng, hostile=True))
+    writer.flush()  # log_step returns before the writer thread has written the step
     tokens = RunReader(tmp_path).sql(
         "SELECT position, token_text FROM tokens WHERE run = 'hostile' AND step = 0 AND rollout_id = 0 "
         "ORDER BY position"

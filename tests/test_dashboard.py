@@ -382,6 +382,7 @@ def test_a_running_run_shows_new_steps_on_the_next_rerun(tmp_path, monkeypatch):
     assert any("training" in s.value for s in at.sidebar.success)  # a running run is marked
     assert any("has not logged any step yet" in i.value for i in at.info)
     writer.log_step(0, **synthetic_step(0, 2, 2, 8, 1, rng))
+    writer.flush()  # on disk: what the page waits for is its cache, not the writer thread
     # The run list is cached for LIVE_TTL seconds; clearing st.cache_data from the test did not reliably reach the
     # app's caches under AppTest (the page then still showed no step, about one run in three): wait, as the app does.
     time.sleep(LIVE_TTL + 0.2)
@@ -389,6 +390,7 @@ def test_a_running_run_shows_new_steps_on_the_next_rerun(tmp_path, monkeypatch):
     assert not at.exception and at.query_params["step"] == "0"
     assert [h.value for h in at.header] == ["Groups"]
     writer.log_step(1, **synthetic_step(1, 2, 2, 8, 1, rng))
+    writer.flush()  # on disk: what the page waits for is its cache, not the writer thread
     time.sleep(LIVE_TTL + 0.2)
     at.run()
     assert not at.exception
