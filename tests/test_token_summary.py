@@ -203,3 +203,27 @@ def test_summary_rows_of_a_hand_worked_step():
     assert deciles == {(0, 0): 1, (0, 4): 1, (5, 2): 1}
     assert step_summary(rollouts, None, None) is None
     assert pa.Table.from_pandas(rows).num_rows == len(rows)
+
+
+@pytest.mark.parametrize("texts", [20, 5_000])  # few keys: counted in a table; many: hashed
+def test_grouped_sums_equal_pandas_whichever_way_the_keys_are_grouped(texts):
+    from engine.runlog.summary import _grouped
+
+    rng = np.random.default_rng(texts)
+    n = 3_000
+    text = pa.array([f"t{i}" for i in rng.integers(0, texts, n)])
+    bucket = pa.array(rng.integers(0, 300, n), mask=rng.random(n) < 0.05)  # NULL: a group of its own
+    value = pa.array(rng.normal(size=n), mask=rng.random(n) < 0.2)
+    got = _grouped({"token_text": text, "position_from": bucket, "value": value}, ["token_text", "position_from"],
+                   sums={"value_sum": "value"}, counts={"value_rows": "value"})
+    got = pd.DataFrame({"token_text": got["token_text"].to_pylist(), "position_from": got["position_from"].to_pylist(),
+                        "rows": got["rows"], "value_sum": got["value_sum"].to_pylist(), "value_rows": got["value_rows"]})
+    frame = pd.DataFrame({"token_text": text.to_pylist(), "position_from": bucket.to_pylist(),
+                          "value": value.to_pylist()})
+    want = frame.groupby(["token_text", "position_from"], dropna=False).agg(
+        rows=("value", "size"), value_sum=("value", lambda v: v.sum(min_count=1)), value_rows=("value", "count"))
+    got = got.set_index(["token_text", "position_from"]).sort_index()
+    assert len(got) == len(want) and got.index.is_unique
+    pd.testing.assert_frame_equal(got[["rows", "value_rows"]].astype("int64"),
+                                  want.sort_index()[["rows", "value_rows"]].astype("int64"), check_names=False)
+    np.testing.assert_allclose(got["value_sum"].astype(float).to_numpy(), want.sort_index()["value_sum"].to_numpy())
