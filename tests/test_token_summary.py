@@ -217,7 +217,8 @@ def test_grouped_sums_equal_pandas_whichever_way_the_keys_are_grouped(texts):
     got = _grouped({"token_text": text, "position_from": bucket, "value": value}, ["token_text", "position_from"],
                    sums={"value_sum": "value"}, counts={"value_rows": "value"})
     got = pd.DataFrame({"token_text": got["token_text"].to_pylist(), "position_from": got["position_from"].to_pylist(),
-                        "rows": got["rows"], "value_sum": got["value_sum"].to_pylist(), "value_rows": got["value_rows"]})
+                        "rows": got["rows"], "value_sum": got["value_sum"].to_pylist(),
+                        "value_rows": got["value_rows"]})
     frame = pd.DataFrame({"token_text": text.to_pylist(), "position_from": bucket.to_pylist(),
                           "value": value.to_pylist()})
     want = frame.groupby(["token_text", "position_from"], dropna=False).agg(
