@@ -246,6 +246,9 @@ def _edit_first_editable_cell(page, table, name: str, attempts: int = 3, timeout
         page.keyboard.type(value)
         page.wait_for_function("value => document.activeElement.value === value", arg=value,
                                timeout=timeout_s * 1000)
+        # The editor's value is in the DOM before the grid's own state has it: Enter pressed in between closes the
+        # editor with the old value (an edit the grid drops). Two animation frames let the grid take the value.
+        page.evaluate("() => new Promise(done => requestAnimationFrame(() => requestAnimationFrame(done)))")
         page.keyboard.press("Enter")
         try:
             expect(shown).to_have_text(value, timeout=timeout_s * 1000 / attempts)
