@@ -19,11 +19,13 @@ import duckdb
 import numpy as np
 import pandas as pd
 import pytest
+import streamlit as st
 import torch
 from streamlit.testing.v1 import AppTest
 from synthetic_runs import AUTOLINK_OR_SHORTCODE, HOSTILE_TEXTS, write_hostile_run
 from test_readme import readme_logging_example
 
+from dashboard import queries, recompute
 from dashboard.common import WORD_JOINER
 from engine.objectives import ALGORITHMS, CLIP_HIGH, CLIP_LOW, OBJECTIVES, policy_loss
 
@@ -262,6 +264,7 @@ def test_prm_page_shows_logged_step_rewards_and_the_worked_example_sandbox(train
 def test_weighting_page_reports_what_policy_loss_computes(trained, monkeypatch):
     logs_dir, run = trained
     step = last_step(logs_dir, run)
+    st.cache_data.clear()  # what the page reads and asks below is counted
     at = open_page(logs_dir, "algorithm_weighting", monkeypatch, run=run, step=step)
     group = int(at.query_params["group"])
     update = int(at.query_params["update"]) if "update" in at.query_params else None
@@ -301,12 +304,21 @@ def test_weighting_page_reports_what_policy_loss_computes(trained, monkeypatch):
     # shown to 3 decimals
     assert float(fractions.loc["grpo", "low"]) == pytest.approx((codes == CLIP_LOW).mean(), abs=5e-4)
     assert float(fractions.loc["grpo", "high"]) == pytest.approx((codes == CLIP_HIGH).mean(), abs=5e-4)
-    # Choosing every algorithm (in any order) weighs each of them, listed in the registry's order.
+    # Choosing more algorithms (in any order) lists them in the registry's order, and asks only the new ones,
+    # from the tokens read once; going back to the four reads and asks nothing.
+    asked, reads = [], []
+    weigh, read = recompute.weigh, queries.weighed_tokens
+    monkeypatch.setattr(recompute, "weigh", lambda batch, algo, knobs: asked.append(algo) or weigh(batch, algo, knobs))
+    monkeypatch.setattr(queries, "weighed_tokens", lambda *key: reads.append(key) or read(*key))
     at.multiselect(key="weigh_algorithms").set_value(["gmpo", *reversed(fractions.index), "cispo"]).run()
     assert not at.exception
     chosen = ["grpo", "dapo", "gspo", "aspo", "cispo", "gmpo"]
     assert table(at, "algorithm", "low", "high")["algorithm"].tolist() == [a for a in ALGORITHMS if a in chosen]
     assert len(plotly_spec(at, "weight_heatmaps")["data"]) == len(chosen)
+    assert sorted(asked) == ["cispo", "gmpo"] and len(reads) == 1
+    at.multiselect(key="weigh_algorithms").set_value(list(fractions.index)).run()
+    assert not at.exception and table(at, "algorithm", "low", "high")["algorithm"].tolist() == list(fractions.index)
+    assert sorted(asked) == ["cispo", "gmpo"] and len(reads) == 1
 
 
 # ---------------------------------------------------------------- behaviour

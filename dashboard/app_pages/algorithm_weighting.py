@@ -79,37 +79,57 @@ knob_table = st.data_editor(  # keyed by the choice: edited knobs belong to the 
 )
 
 
-@st.cache_data(ttl=queries.STEP_TTL, show_spinner="Asking each objective…", max_entries=32)
-def weigh_all(logs: str, run: str, step: int, rollout_ids: tuple, update: int, knobs: tuple,
-              whitening: tuple | None):
-    """(rollout ids (B,), tokens logged per completion (B,), the sampled tokens' advantages, the largest |advantage|,
-    the heatmaps' bin width and centres, algorithm -> WeighedForCharts, algorithm -> refusal message), or None
-    without tokens.
+class StepTokens:
+    """The objectives' inputs for the chosen tokens (run, step, rollouts, update), read and batched at most once per
+    page run, and only when some answer is not cached: a whole step of long completions is hundreds of MB, so no
+    cache keeps it, and the answers computed from it (`weighed_tokens`, `weigh_one`) are kilobytes."""
 
-    Keyed by what identifies the tokens rather than by the tokens themselves: hashing a step's worth of token rows
-    on every rerun would cost more than the objectives do. Each algorithm's (B, T) answer is reduced to what the
-    charts draw before the next is asked, so a whole step of long completions costs one algorithm's arrays at a
-    time, and the cache keeps kilobytes."""
-    tokens = queries.weighed_tokens(logs, run, step, rollout_ids, update)
-    tokens = tokens[tokens["position"].notna()]  # a token logged without its position has no place in (B, T)
-    if tokens.empty:
+    def __init__(self, logs: str, run: str, step: int, rollout_ids: tuple, update: int):
+        self.key = (logs, run, step, rollout_ids, update)
+        self._read = False
+        self._batch = None
+
+    def batch(self):
+        """The Batch (engine.logrows) of the tokens with a position, or None without any."""
+        if not self._read:
+            tokens = queries.weighed_tokens(*self.key)
+            tokens = tokens[tokens["position"].notna()]  # a token logged without its position has no place in (B, T)
+            self._batch = None if tokens.empty else recompute.batch_from_tokens(tokens, float32=True)
+            self._read = True
+        return self._batch
+
+    def sample(self) -> np.ndarray:
+        """The flat indices of the tokens every algorithm's scatter shows (the same for all)."""
+        return recompute.sample_positions(self.batch().mask.numpy() > 0, MAX_SCATTER_POINTS)
+
+
+# Both keyed by what identifies the tokens rather than by the tokens themselves (`_tokens` is not hashed): hashing a
+# step's worth of token rows on every rerun would cost more than the objectives do.
+@st.cache_data(ttl=queries.STEP_TTL, show_spinner=False, max_entries=32)
+def weighed_tokens(logs: str, run: str, step: int, rollout_ids: tuple, update: int, _tokens: StepTokens):
+    """(rollout ids (B,), tokens logged per completion (B,), the sampled tokens' advantages, the largest |advantage|,
+    the heatmaps' bin width and centres), or None without tokens."""
+    batch = _tokens.batch()
+    if batch is None:
         return None
-    batch = recompute.batch_from_tokens(tokens, float32=True)
-    del tokens
     on = batch.mask.numpy() > 0  # (B, T)
-    sample = recompute.sample_positions(on, MAX_SCATTER_POINTS)
     advantage = batch.advantages.numpy()  # (B, T)
-    results, errors = {}, {}
-    for algo, overrides in knobs:
-        try:
-            own = recompute.whitened(batch, *whitening) if whitening and uses_critic(algo) else batch
-            weighting = recompute.weigh(own, algo, dict(overrides))
-        except ValueError as error:
-            errors[algo] = str(error)
-            continue
-        results[algo] = recompute.for_charts(algo, weighting, MAX_HEATMAP_ROWS, common.PANEL_BINS, sample)
-    return (batch.rollout_ids, batch.lengths, advantage.reshape(-1)[sample], float(np.abs(advantage[on]).max()),
-            recompute.column_bins(on.shape[1], common.PANEL_BINS), results, errors)
+    return (batch.rollout_ids, batch.lengths, advantage.reshape(-1)[_tokens.sample()],
+            float(np.abs(advantage[on]).max()), recompute.column_bins(on.shape[1], common.PANEL_BINS))
+
+
+@st.cache_data(ttl=queries.STEP_TTL, show_spinner="Asking each objective…", max_entries=128)
+def weigh_one(logs: str, run: str, step: int, rollout_ids: tuple, update: int, algo: str, overrides: tuple,
+              whitening: tuple | None, _tokens: StepTokens):
+    """(WeighedForCharts, None) of one algorithm with its knobs on the tokens, or (None, why it refused them).
+    One algorithm a call: adding an algorithm or editing one's knobs asks only that one again."""
+    batch = _tokens.batch()
+    try:
+        own = recompute.whitened(batch, *whitening) if whitening and uses_critic(algo) else batch
+        weighting = recompute.weigh(own, algo, dict(overrides))
+    except ValueError as error:
+        return None, str(error)
+    return recompute.for_charts(algo, weighting, MAX_HEATMAP_ROWS, common.PANEL_BINS, _tokens.sample()), None
 
 
 @st.cache_data(ttl=queries.STEP_TTL, show_spinner=False, max_entries=32)
@@ -127,13 +147,21 @@ knobs = tuple(
     (row["algorithm"], tuple((k, float(row[k])) for k in recompute.KNOBS if pd.notna(row[k])))
     for _, row in knob_table.iterrows()
 )
-weighed = common.load("the objectives", weigh_all, logs, run, step, rollout_ids, update, knobs, whitening)
+step_tokens = StepTokens(logs, run, step, rollout_ids, update)
+weighed = common.load("the tokens", weighed_tokens, logs, run, step, rollout_ids, update, step_tokens)
 if weighed is None:
     st.info("No tokens logged for these rollouts.")
     st.stop()
-batch_ids, lengths, sampled_advantage, advantage_max, (width, positions), results, errors = weighed
-for algo, message in errors.items():
-    st.error(f"{algo}: {common.md(message)}")
+batch_ids, lengths, sampled_advantage, advantage_max, (width, positions) = weighed
+results = {}
+for algo, overrides in knobs:
+    result, refusal = common.load("the objectives", weigh_one, logs, run, step, rollout_ids, update, algo, overrides,
+                                  whitening, step_tokens)
+    if refusal is None:
+        results[algo] = result
+    else:
+        st.error(f"{algo}: {common.md(refusal)}")
+del step_tokens  # the batch, if it was read
 if not results:
     st.stop()
 
