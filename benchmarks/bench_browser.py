@@ -155,7 +155,8 @@ def measure_floor(repeat: int) -> dict[str, list[float]]:
                 app.write_text(source)
                 port = screenshots.free_port()
                 command = dashboard_command(folder, "127.0.0.1", port)
-                command[command.index("run") + 1] = str(app)  # the same options, another app
+                command[command.index("run") + 1] = str(app)  # the same options, another app, Streamlit alone
+                command[1:command.index("run")] = ["-m", "streamlit"]
                 with screenshots.serve(command[:command.index("--")], port, LOAD_TIMEOUT_S) as url:
                     context = browser.new_context(viewport={"width": 1400, "height": 1000})
                     page = context.new_page()

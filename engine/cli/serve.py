@@ -23,10 +23,11 @@ def add_dashboard_command(subparsers) -> None:
 
 def dashboard_command(logs_dir: str, host: str = "127.0.0.1", port: int = 8501) -> list[str]:
     """The `streamlit run` command line that serves the dashboard for a logs folder (absolute, so the app finds
-    it whatever its working directory)."""
+    it whatever its working directory), through `dashboard.serve`, which loads what a first page needs while the
+    server starts."""
     app = Path(__file__).resolve().parents[2] / "dashboard" / "streamlit_app.py"
     return [
-        sys.executable, "-m", "streamlit", "run", str(app),
+        sys.executable, "-m", "dashboard.serve", "run", str(app),
         "--server.address", host, "--server.port", str(port),
         "--server.headless", "true", "--browser.gatherUsageStats", "false",
         "--client.toolbarMode", "minimal",  # no "Deploy" button: this is a local tool
