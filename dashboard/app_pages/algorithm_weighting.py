@@ -7,6 +7,7 @@ chooses the tokens and the knobs and draws the answers.
 from __future__ import annotations
 
 import contextlib
+import functools
 
 import numpy as np
 import pandas as pd
@@ -98,6 +99,7 @@ class StepTokens:
             self._read = True
         return self._batch
 
+    @functools.cached_property
     def sample(self) -> np.ndarray:
         """The flat indices of the tokens every algorithm's scatter shows (the same for all)."""
         return recompute.sample_positions(self.batch().mask.numpy() > 0, MAX_SCATTER_POINTS)
@@ -114,7 +116,7 @@ def weighed_tokens(logs: str, run: str, step: int, rollout_ids: tuple, update: i
         return None
     on = batch.mask.numpy() > 0  # (B, T)
     advantage = batch.advantages.numpy()  # (B, T)
-    return (batch.rollout_ids, batch.lengths, advantage.reshape(-1)[_tokens.sample()],
+    return (batch.rollout_ids, batch.lengths, advantage.reshape(-1)[_tokens.sample],
             float(np.abs(advantage[on]).max()), recompute.column_bins(on.shape[1], common.PANEL_BINS))
 
 
@@ -129,7 +131,7 @@ def weigh_one(logs: str, run: str, step: int, rollout_ids: tuple, update: int, a
         weighting = recompute.weigh(own, algo, dict(overrides))
     except ValueError as error:
         return None, str(error)
-    return recompute.for_charts(algo, weighting, MAX_HEATMAP_ROWS, common.PANEL_BINS, _tokens.sample()), None
+    return recompute.for_charts(algo, weighting, MAX_HEATMAP_ROWS, common.PANEL_BINS, _tokens.sample), None
 
 
 @st.cache_data(ttl=queries.STEP_TTL, show_spinner=False, max_entries=32)
