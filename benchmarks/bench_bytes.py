@@ -90,7 +90,7 @@ def column_bytes(logs_dir: Path, table: str) -> tuple[int, float, dict[str, floa
                 column = meta.row_group(g).column(c)
                 name = column.path_in_schema.split(".")[0]
                 columns[name] = columns.get(name, 0) + column.total_compressed_size
-    return rows, size / rows, {name: b / rows for name, b in columns.items()}
+    return rows, size / rows if rows else 0.0, {name: b / rows for name, b in columns.items()}
 
 
 def main(argv=None) -> int:
@@ -115,6 +115,10 @@ def main(argv=None) -> int:
                 if repeat == 0:
                     for table in ("tokens", "token_passes"):
                         rows, per_row, columns = column_bytes(Path(tmp), table)
+                        if table == "tokens":  # the token ids the rows leave out are in the run's vocabulary
+                            vocabulary_rows, vocabulary_bytes, _ = column_bytes(Path(tmp), "token_vocab")
+                            columns["token_vocab"] = vocabulary_rows * vocabulary_bytes / rows
+                            per_row += columns["token_vocab"]
                         shown = ", ".join(f"{k} {v:.2f}" for k, v in sorted(columns.items(), key=lambda kv: -kv[1])
                                           if v >= 0.01)
                         print(f"{sampler}: {table}: {rows:,} rows, {per_row:.2f} B/row ({shown})", flush=True)

@@ -54,7 +54,7 @@ def stored_column_bytes(reader, run: str, last: int) -> tuple[int, int]:
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    from engine.runlog.files import column_options, row_group_rows
+    from engine.runlog.files import row_group_rows
 
     frame = reader.sql(f"SELECT covariance FROM ({per_row_covariance()}) ORDER BY step, rollout_id, \"pass\", position",
                        {"run": run, "first": 0, "last": last})
@@ -62,7 +62,7 @@ def stored_column_bytes(reader, run: str, last: int) -> tuple[int, int]:
     with tempfile.TemporaryDirectory() as folder:
         path = os.path.join(folder, "covariance.parquet")
         pq.write_table(table, path, compression="zstd", row_group_size=row_group_rows("token_passes"),
-                       **column_options(table.schema))
+                       use_dictionary=False, column_encoding={"covariance": "BYTE_STREAM_SPLIT"})  # a float column's
         return table.num_rows, os.path.getsize(path)
 
 

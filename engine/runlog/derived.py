@@ -19,6 +19,16 @@ equal to old_logp, and one sampled without top-p / top-k truncation logs sampler
 other column's and sets the row's `elided` bit (schema.STORED_ONLY); the `tokens` view reads the other column there
 (`tokens_sql`). A NULL without the bit stays NULL: an import with the sampler's log-prob but not its full one.
 
+What a token row would repeat from the run's other token rows (`TokenVocabulary`): its token id, where the
+token's text says it. A run writes the same few thousand texts, each with the same id, millions of times, and Parquet
+stores the id and the text column each in full (1.1 and 1.2 bytes a row with a real tokenizer's vocabulary). The
+writer keeps one id per text for the run (the first it logged: several ids can decode to one text, e.g. pieces of a
+multi-byte character), leaves the id out (NULL, `elided` bit 4) where a row's id is its text's, and writes each
+step's (text, id) pairs to the `token_vocab` table; the `tokens` view reads the id back from there (`tokens_sql`).
+The text stays in the row: queries filter and group on it, and the view's join to `token_vocab` is dropped from any
+query that does not read `token_id`. Only rank 0 leaves ids out, so a run's pairs never disagree (the ranks of a
+multi-process run log each with their own writer).
+
 The entropy decile (`entropy_deciles`): with r the number of tokens of the response whose entropy is lower than
 the token's and n the number of tokens with an entropy, the number of k in 1..9 with k (n - 1) / 10 < r, i.e. the
 number of the response's linearly interpolated entropy quantiles at 0.1, ..., 0.9 strictly below the token's
@@ -75,15 +85,74 @@ def stored_tokens(tokens: pa.Table | None) -> pa.Table | None:
     return tokens.append_column("elided", pa.array(elided, pa.int8()))
 
 
-def tokens_sql(stored: str, columns: list[str]) -> str:
+ID_FROM_VOCABULARY = 1 << len(ELIDED_TOKEN_COLUMNS)
+"""The bit of `tokens.elided` saying the row's token_id is its text's in the run's `token_vocab`."""
+
+
+class TokenVocabulary:
+    """One run's token ids by text, as rank 0's writer leaves them out of the token rows (module docstring)."""
+
+    def __init__(self, pairs: pa.Table | None = None):
+        self._id_of: dict[str, int] = {}
+        if pairs is not None:  # what the run's files hold: its stored `token_vocab` rows, oldest first
+            for text, token_id in zip(pairs["token_text"].to_pylist(), pairs["token_id"].to_pylist(), strict=True):
+                self._id_of.setdefault(text, token_id)
+
+    def elide(self, tokens: pa.Table) -> tuple[pa.Table, pa.Table | None]:
+        """One step's stored token rows (`stored_tokens`'s) with each id NULL where it is its text's (the
+        `ID_FROM_VOCABULARY` bit set), and the step's `token_vocab` rows: the pairs of the ids left out."""
+        texts = pc.dictionary_encode(tokens["token_text"]).combine_chunks()  # distinct texts, first seen first
+        distinct = texts.dictionary.to_pylist()
+        codes = pc.fill_null(texts.indices, -1).to_numpy().astype(np.int64)  # (n,) -1: no text
+        stored_ids = tokens["token_id"].combine_chunks()
+        ids = pc.fill_null(stored_ids, -1).to_numpy()  # (n,)
+        has_id = np.asarray(stored_ids.is_valid()) & (ids >= 0) & (codes >= 0)  # -1 below: unknown
+        id_of = np.array([self._id_of.get(t, -1) for t in distinct] + [-1], dtype=np.int64)  # (d + 1,)
+        new = has_id & (id_of[codes] < 0)
+        if new.any():  # a text first logged in this step: its smallest id in the step becomes the run's
+            first = np.full(len(id_of), np.iinfo(np.int64).max)
+            np.minimum.at(first, codes[new], ids[new])
+            for code in np.flatnonzero(first < np.iinfo(np.int64).max):
+                self._id_of[distinct[code]] = id_of[code] = first[code]
+        elide = has_id & (ids == id_of[codes])  # (n,)
+        if not elide.any():
+            return tokens, None
+        used = np.zeros(len(id_of), dtype=bool)
+        used[codes[elide]] = True
+        used = np.flatnonzero(used)
+        used = used[np.argsort(id_of[used], kind="stable")]
+        run, step = tokens["run"][0], tokens["step"][0]  # one step's rows
+        pairs = pa.table({"run": pa.repeat(run, len(used)), "step": pa.repeat(step, len(used)),
+                          "token_id": id_of[used], "token_text": texts.dictionary.take(pa.array(used))})
+        column = tokens.schema.get_field_index("token_id")
+        tokens = tokens.set_column(column, "token_id",
+                                   pa.array(ids, pa.int64(), mask=elide | ~np.asarray(stored_ids.is_valid())))
+        elided = pc.bit_wise_or(tokens["elided"], pa.array(np.where(elide, ID_FROM_VOCABULARY, 0).astype(np.int8)))
+        return tokens.set_column(tokens.schema.get_field_index("elided"), "elided", elided), pairs
+
+
+def tokens_sql(stored: str, columns: list[str], vocabulary: str | None) -> str:
     """The `tokens` view: `columns` (the table's) of the stored rows `stored`, the values `stored_tokens` left
-    out read from the column they repeat (in files without `elided`, NULL: every value as stored)."""
+    out read from the column they repeat and the ids `TokenVocabulary` left out from `vocabulary`, the stored
+    `token_vocab` rows (in files without `elided`, NULL: every value as stored). Without `vocabulary`, those ids
+    stay NULL (`TOKEN_ROWS`)."""
     expressions = {}
     for i, (column, source) in enumerate(ELIDED_TOKEN_COLUMNS):
-        repeated = expressions.get(source, f'"{source}"')
-        expressions[column] = f'CASE WHEN elided & {1 << i} <> 0 THEN {repeated} ELSE "{column}" END'
-    return "SELECT " + ", ".join(f'{expressions[c]} AS "{c}"' if c in expressions else f'"{c}"'
-                                 for c in columns) + f" FROM {stored}"
+        repeated = expressions.get(source, f't."{source}"')
+        expressions[column] = f'CASE WHEN t.elided & {1 << i} <> 0 THEN {repeated} ELSE t."{column}" END'
+    join = ""
+    if vocabulary is not None:
+        expressions["token_id"] = f"CASE WHEN t.elided & {ID_FROM_VOCABULARY} <> 0 THEN v.token_id ELSE t.token_id END"
+        join = (f" LEFT JOIN (SELECT run, token_text, min(token_id) AS token_id FROM {vocabulary} "
+                f"GROUP BY run, token_text) v ON v.run = t.run AND v.token_text = t.token_text")
+    return ("SELECT " + ", ".join(f'{expressions[c]} AS "{c}"' if c in expressions else f't."{c}"' for c in columns)
+            + f" FROM {stored} t{join}")
+
+
+TOKEN_ROWS = "_runlog.tokens_rows"
+"""The SQL name of the `tokens` view's rows in a `RunReader` without the join that gives back the ids
+`TokenVocabulary` left out (their token_id is NULL): DuckDB keeps that join in a query that does not aggregate even
+when it reads no token_id, so queries that need no id read this (the dashboard's)."""
 
 
 def entropy_deciles(tokens: pa.Table) -> np.ndarray:

@@ -17,7 +17,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from engine.runlog.schema import FILE_SCHEMAS
+from engine.runlog.schema import FILE_SCHEMAS, VOCABULARY_TABLE
 
 _ROW_GROUP_ROWS = 32_768
 # Row groups of the per-token tables are this many times larger. DuckDB pays ~10 us per row group of a file for
@@ -39,15 +39,19 @@ _DELTA_COLUMNS = ["rollout_id", "position", "group_id", "index_in_group", "promp
                   "step_index", "first_pos", "last_pos", "prm_step"]
 
 
-def column_options(schema: pa.Schema) -> dict[str, Any]:
+def column_options(table: str) -> dict[str, Any]:
     """Encodings per column: dictionary for repeating strings and small keys; BYTE_STREAM_SPLIT for floats
     (their bytes grouped by significance, which zstd compresses ~7% better: log-probs share exponents);
     DELTA_BINARY_PACKED for the sorted or small integers (rollout_id, position: ~0.05 bytes a row instead of
     ~1.3). The logical types, and so the values read back, are unchanged."""
+    schema = FILE_SCHEMAS[table]
     names = set(schema.names)
     encodings = {f.name: "BYTE_STREAM_SPLIT" for f in schema if pa.types.is_floating(f.type)}
     encodings.update({c: "DELTA_BINARY_PACKED" for c in _DELTA_COLUMNS if c in names})
-    return {"use_dictionary": [c for c in _DICTIONARY_COLUMNS if c in names], "column_encoding": encodings}
+    dictionary = [c for c in _DICTIONARY_COLUMNS if c in names]
+    if table == VOCABULARY_TABLE:  # distinct texts, sorted ids
+        dictionary, encodings["token_id"] = ["run", "step"], "DELTA_BINARY_PACKED"
+    return {"use_dictionary": dictionary, "column_encoding": encodings}
 
 
 def row_group_rows(table: str) -> int:
@@ -68,9 +72,16 @@ class FolderWriter:
         self.tmp.mkdir(parents=True)
         self._writers: dict[str, pq.ParquetWriter] = {}
         self._pending: dict[str, pa.Table] = {}
+        self._texts: set[str] = set()  # the token_vocab texts added so far
 
     def add(self, table: str, arrow: pa.Table) -> None:
-        if table in _SEPARATE_ROW_GROUPS:  # e.g. eval rollouts in row groups of their own, see there
+        if table == VOCABULARY_TABLE:  # each text once, in the first step that has it (a run's pairs never
+            # disagree, see engine.runlog.derived.TokenVocabulary)
+            new = [text not in self._texts for text in arrow["token_text"].to_pylist()]
+            arrow = arrow.filter(pa.array(new, pa.bool_()))
+            self._texts.update(arrow["token_text"].to_pylist())
+            self._add(table, arrow)
+        elif table in _SEPARATE_ROW_GROUPS:  # e.g. eval rollouts in row groups of their own, see there
             column, value = _SEPARATE_ROW_GROUPS[table]
             matches = pc.fill_null(pc.equal(arrow[column], value), False)
             self._add(table, arrow.filter(matches))
@@ -101,7 +112,7 @@ class FolderWriter:
         if writer is None:
             schema = FILE_SCHEMAS[table]
             writer = self._writers[table] = pq.ParquetWriter(
-                self.tmp / f"{table}.parquet", schema, compression="zstd", **column_options(schema))
+                self.tmp / f"{table}.parquet", schema, compression="zstd", **column_options(table))
         writer.write_table(rows, row_group_size=row_group_rows(table))
 
     def commit(self, final: Path) -> None:

@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any
 import duckdb
 import pyarrow as pa
 
-from engine.runlog.derived import STORED, TOKEN_PASSES_SQL, tokens_sql
+from engine.runlog.derived import STORED, TOKEN_PASSES_SQL, TOKEN_ROWS, tokens_sql
 from engine.runlog.layout import (
     CHUNK_DIR_RE,
     STEP_DIR_RE,
@@ -37,7 +37,16 @@ from engine.runlog.layout import (
     validate_run_name,
 )
 from engine.runlog.repair import LEGACY, check_file, damaged_pages
-from engine.runlog.schema import DATA_TABLES, FILE_SCHEMAS, RUNS_SCHEMA, TABLE_SCHEMAS, columns_ddl, view_schema
+from engine.runlog.schema import (
+    DATA_TABLES,
+    FILE_SCHEMAS,
+    RUNS_SCHEMA,
+    STORED_TABLES,
+    TABLE_SCHEMAS,
+    VOCABULARY_TABLE,
+    columns_ddl,
+    view_schema,
+)
 
 if TYPE_CHECKING:  # pandas is imported only when a DataFrame is asked for: `policylens runs` starts faster
     import pandas as pd
@@ -58,11 +67,12 @@ def _sql_str(value: str) -> str:
 
 def _view_sql(table: str, files: Callable[[str], str]) -> str:
     """SQL of a table's view over `files(table)`, the SQL names of its stored rows: the stored rows as they are,
-    but for `tokens` and `token_passes`, which derive the values the writer left out (engine.runlog.derived)."""
+    but for `tokens` and `token_passes`, which derive the values the writer left out (engine.runlog.derived):
+    `token_passes` from the token rows, `tokens` from `token_vocab` too."""
     if table == "token_passes":
         return TOKEN_PASSES_SQL.format(passes=files("token_passes"), tokens=files("tokens"))
     if table == "tokens":
-        return tokens_sql(files("tokens"), TABLE_SCHEMAS["tokens"].names)
+        return tokens_sql(files("tokens"), TABLE_SCHEMAS["tokens"].names, files(VOCABULARY_TABLE))
     return f"SELECT * FROM {files(table)}"
 
 
@@ -144,10 +154,12 @@ class RunReader:
         # Only these tables' files are checked and read; the other views stay empty (`policylens runs` needs the
         # steps only: 0.2 s instead of 1.3 s to open 200 runs).
         self.tables = DATA_TABLES if tables is None else tuple(tables)
-        if "token_passes" in self.tables and "tokens" not in self.tables:
-            self.tables += ("tokens",)  # the token rows complete the stored passes (see `_view_sql`)
         if unknown := sorted(set(self.tables) - set(DATA_TABLES)):
             raise RunLogError(f"unknown table(s) {unknown}; the tables are {list(DATA_TABLES)}")
+        if "token_passes" in self.tables and "tokens" not in self.tables:
+            self.tables += ("tokens",)  # the token rows complete the stored passes (see `_view_sql`)
+        if "tokens" in self.tables:
+            self.tables += (VOCABULARY_TABLE,)  # and the run's vocabulary the token rows (see `_view_sql`)
         self.problems: list[str] = []
         self._lock = threading.RLock()
         self._segments: dict[str, tuple[list, list[str]]] = {}  # folder -> ([(table, path)], problems)
@@ -192,6 +204,8 @@ class RunReader:
         con.execute("CREATE SCHEMA IF NOT EXISTS _runlog")  # out of the way of users' SHOW TABLES
         for table, schema in {**FILE_SCHEMAS, "runs": RUNS_SCHEMA}.items():  # the stored rows' columns
             con.execute(f"CREATE OR REPLACE TABLE _runlog.empty_{table} ({columns_ddl(view_schema(schema))})")
+        for table in FILE_SCHEMAS:  # until `_create_view`: a view may read another table's stored rows
+            con.execute(f"CREATE OR REPLACE VIEW {STORED.format(table)} AS SELECT * FROM _runlog.empty_{table}")
 
     def __enter__(self) -> RunReader:
         return self
@@ -315,7 +329,7 @@ class RunReader:
     def _scan(self, final: bool = False):
         """(problems, files per table, runs rows), or None if the data changed during the listing."""
         problems: list[str] = []
-        files: dict[str, list[str]] = {t: [] for t in DATA_TABLES}
+        files: dict[str, list[str]] = {t: [] for t in STORED_TABLES}
         runs_rows = []
         self._seen_segments = set()
         for run_dir in self._run_dirs(problems):
@@ -437,7 +451,11 @@ class RunReader:
         source = (_parquet_source(table, paths, not self._legacy_files.isdisjoint(paths), empty) if paths
                   else f"SELECT * FROM {empty}")
         self._con.execute(f"CREATE OR REPLACE VIEW {STORED.format(table)} AS {source}")
-        self._con.execute(f"CREATE OR REPLACE VIEW {table} AS {_view_sql(table, STORED.format)}")
+        if table in DATA_TABLES:  # not token_vocab, storage only: the `tokens` view reads it
+            self._con.execute(f"CREATE OR REPLACE VIEW {table} AS {_view_sql(table, STORED.format)}")
+        if table == "tokens":
+            rows = tokens_sql(STORED.format(table), TABLE_SCHEMAS[table].names, None)
+            self._con.execute(f"CREATE OR REPLACE VIEW {TOKEN_ROWS} AS {rows}")
         self._views[table] = paths
 
     def _handle_file_error(self, err: duckdb.Error) -> bool:
@@ -521,8 +539,10 @@ class RunReader:
                 tmp = path.with_name(f".tmp-{path.name}-{uuid.uuid4().hex[:8]}")
                 try:
                     with duckdb.connect(str(tmp)) as out:
-                        for table in DATA_TABLES:
-                            out.execute(f"CREATE TABLE {table} ({columns_ddl(view_schema(TABLE_SCHEMAS[table]))})")
+                        for table in STORED_TABLES:
+                            if table in DATA_TABLES:  # not token_vocab: its ids are in the exported tokens
+                                out.execute(f"CREATE TABLE {table} "
+                                            f"({columns_ddl(view_schema(TABLE_SCHEMAS[table]))})")
                             out.execute(f"CREATE TEMP TABLE empty_{table} "
                                         f"({columns_ddl(view_schema(FILE_SCHEMAS[table]))})")
                             paths = self._views[table]
@@ -530,7 +550,8 @@ class RunReader:
                             source = (_parquet_source(table, paths, legacy, f"empty_{table}") if paths
                                       else f"FROM empty_{table}")
                             out.execute(f"CREATE TEMP VIEW {table}_files AS {source}")
-                        for table in DATA_TABLES:  # after every table's files: token_passes reads the tokens'
+                        for table in DATA_TABLES:  # after every table's files: token_passes reads the
+                            # tokens', tokens the vocabulary's
                             out.execute(f"INSERT INTO {table} {_view_sql(table, lambda t: f'{t}_files')}")
                         out.execute(f"CREATE TABLE runs ({columns_ddl(RUNS_SCHEMA)})")
                         _insert_rows(out, "runs", self._runs_rows or [])

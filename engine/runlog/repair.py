@@ -21,7 +21,7 @@ import pyarrow.parquet as pq
 from engine.runlog.derived import stored_passes
 from engine.runlog.files import FolderWriter, write_folder
 from engine.runlog.layout import STEP_DIR_RE, Segment, chunk_dir, next_seq, remove_tree, scan_segments
-from engine.runlog.schema import DATA_TABLES, FILE_SCHEMAS, older_schema_missing, with_added_columns
+from engine.runlog.schema import FILE_SCHEMAS, STORED_TABLES, older_schema_missing, with_added_columns
 from engine.runlog.summary import step_summary
 
 SUMMARY_TABLE = "token_summary"
@@ -86,7 +86,7 @@ def merge(data_dir: Path, segments: Sequence[Segment], rank: int, seq: int, keep
 
 def copy_rows(segments: Sequence[Segment], folder: FolderWriter, keep_up_to: int | None = None) -> None:
     """Append the rows of `segments` (in step order) to `folder`, a row group at a time, in the current schema."""
-    for table in DATA_TABLES:
+    for table in STORED_TABLES:
         # Segments are in step order and each file is sorted by the table's keys, so appending keeps the
         # chunk sorted: no re-sort needed.
         for part in (Path(s.path) / f"{table}.parquet" for s in segments):

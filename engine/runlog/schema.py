@@ -108,6 +108,9 @@ TABLE_SCHEMAS: dict[str, pa.Schema] = {
         [("run", _S), ("step", _I), ("prompt_id", _I), ("position", _I), ("token_id", _I), ("token_text", _S),
          ("logp", _F32), ("entropy", _F32), ("answer_class", _S)]
     ),
+    # written by the writer from each step's tokens (engine.runlog.derived.TokenVocabulary), never by a producer:
+    # the token id of each text whose id the step's `tokens` rows leave out (the view reads it back from here)
+    "token_vocab": pa.schema([("run", _S), ("step", _I), ("token_id", _I), ("token_text", _S)]),
     # written by the writer from each step's tokens and passes (engine.runlog.summary), never by a producer: sums
     # per step and token text (and position bucket, clip code, pass, entropy decile) that statistics over a whole
     # run add up instead of reading every token; `kind` says which sums a row holds (see the module)
@@ -119,12 +122,17 @@ TABLE_SCHEMAS: dict[str, pa.Schema] = {
          ("loss_tokens", _F)]
     ),
 }
-DATA_TABLES = tuple(TABLE_SCHEMAS)
+VOCABULARY_TABLE = "token_vocab"
+STORED_TABLES = tuple(TABLE_SCHEMAS)
+"""The tables a step or chunk folder may hold a file of."""
+DATA_TABLES = tuple(t for t in STORED_TABLES if t != VOCABULARY_TABLE)
+"""The tables a `RunReader` has a view of (`token_vocab` is storage: the `tokens` view reads its ids)."""
 ALL_TABLES = ("runs", *DATA_TABLES)
 
 # Columns of a table's files that its view does not show: how to read the stored rows back (engine.runlog.derived).
 # `tokens.elided`: which values the writer left out because another column of the row holds them (bit 1:
-# sampler_logp = old_logp, bit 2: sampler_logp_full = sampler_logp); 0 or NULL (files written before it): none.
+# sampler_logp = old_logp, bit 2: sampler_logp_full = sampler_logp, bit 4: token_id is the run's id of the token's
+# text in `token_vocab`); 0 or NULL (files written before it): none.
 STORED_ONLY: dict[str, tuple[pa.Field, ...]] = {"tokens": (pa.field("elided", pa.int8()),)}
 FILE_SCHEMAS: dict[str, pa.Schema] = {
     table: pa.schema([*schema, *STORED_ONLY.get(table, ())]) for table, schema in TABLE_SCHEMAS.items()
@@ -163,6 +171,7 @@ SORT_KEYS = {
     "prm_steps": ["step", "rollout_id", "step_index"],
     "ref_tokens": ["step", "prompt_id", "position"],
     "token_summary": ["step"],
+    "token_vocab": ["step", "token_id"],
 }
 
 _DUCKDB_TYPES = {

@@ -7,6 +7,7 @@ caller. The rows are built by `engine.runlog.schema`; compaction and truncation 
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import threading
@@ -18,9 +19,10 @@ from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
+import pyarrow.parquet as pq
 
 from engine.runlog import repair
-from engine.runlog.derived import stored_passes, stored_tokens
+from engine.runlog.derived import TokenVocabulary, stored_passes, stored_tokens
 from engine.runlog.files import FolderWriter, write_folder
 from engine.runlog.layout import (
     STATUSES,
@@ -38,7 +40,7 @@ from engine.runlog.layout import (
     step_dir,
     validate_run_name,
 )
-from engine.runlog.schema import steps_row, table_rows
+from engine.runlog.schema import VOCABULARY_TABLE, steps_row, table_rows
 from engine.runlog.summary import step_summary
 
 _ROW_TABLES = ("rollouts", "tokens", "token_passes", "prm_steps", "ref_tokens")  # `steps` comes from the metrics
@@ -64,6 +66,7 @@ class RunWriter:
         self._created_unix = float(info.created_unix or time.time())
         self._last_log_time: float | None = None
         self.last_step: int | None = self._last_logged()
+        self._vocabulary = self._load_vocabulary()
         self._closed = False
         self._meta_lock = threading.Lock()
         # Parquet encoding releases the GIL, so one writer thread overlaps it with the next training step.
@@ -168,6 +171,7 @@ class RunWriter:
             return
         repair.truncate(self.data_dir, self.rank, step)
         self.last_step = self._last_logged()
+        self._vocabulary = self._load_vocabulary()  # the pairs of the steps deleted may be logged differently
         if self.rank == 0:
             self._update_meta(last_step=self.last_step)
 
@@ -271,7 +275,7 @@ class RunWriter:
                     kwargs.setdefault("metrics", {})
                 folder.add_tables(stored_tables(self._step_tables(step, kwargs.pop("metrics", None), kwargs,
                                                                   wall_time=kwargs.pop("wall_time", None),
-                                                                  now=time.time())))
+                                                                  now=time.time()), self._vocabulary))
                 if step == last:
                     break
 
@@ -323,7 +327,7 @@ class RunWriter:
                                            now=time.time())
                 if folder is None:
                     folder = FolderWriter(self.data_dir, self.rank, f"chunk-{step:09d}")
-                self._submit(_add_to_chunk, folder, tables)
+                self._submit(_add_to_chunk, folder, tables, self._vocabulary)
                 del tables, kwargs  # the writer thread frees them once encoded, while the next step is read
                 group.append(step)
                 self.last_step = step
@@ -407,6 +411,17 @@ class RunWriter:
     def _last_logged(self) -> int | None:
         return max((s.last for s in self._segments()), default=None)
 
+    def _load_vocabulary(self) -> TokenVocabulary | None:
+        """Rank 0's token ids by text as its logged steps hold them (see `TokenVocabulary`); None on other ranks."""
+        if self.rank != 0:
+            return None
+        files = [Path(s.path) / f"{VOCABULARY_TABLE}.parquet" for s in sorted(self._segments(), key=lambda s: s.first)]
+        pairs = []
+        for file in files:
+            with contextlib.suppress(FileNotFoundError, pa.ArrowException):  # a damaged file costs only its folder
+                pairs.append(pq.read_table(file, columns=["token_id", "token_text"]))
+        return TokenVocabulary(pa.concat_tables(pairs) if pairs else None)
+
     def _submit(self, fn: Callable[..., None], *args: Any) -> None:
         """Run `fn` on the writer thread, at most one step behind: the caller waits for the previous step."""
         self.flush()
@@ -418,7 +433,7 @@ class RunWriter:
     def _write_step(self, step: int, tables: dict[str, pa.Table | None]) -> None:
         write_folder(self.data_dir, self.rank, f"step-{step:09d}",
                      step_dir(self.data_dir, step, self.rank, self._session),
-                     lambda f: f.add_tables(stored_tables(tables)))
+                     lambda f: f.add_tables(stored_tables(tables, self._vocabulary)))
         if self.rank == 0:
             self._update_meta(last_step=step)
         if self.compact_every > 0:
@@ -465,22 +480,27 @@ class RunWriter:
             self._merge([s for s in segments if (s.first, s.last, s.seq) in picked])
 
 
-def _add_to_chunk(folder: FolderWriter, tables: dict[str, pa.Table | None]) -> None:
+def _add_to_chunk(folder: FolderWriter, tables: dict[str, pa.Table | None],
+                  vocabulary: TokenVocabulary | None) -> None:
     """Add a step's tables to a chunk being written; a failure deletes the chunk (it could not be whole)."""
     try:
-        folder.add_tables(stored_tables(tables))
+        folder.add_tables(stored_tables(tables, vocabulary))
     except BaseException:
         folder.abort()
         raise
 
 
-def stored_tables(tables: dict[str, pa.Table | None]) -> dict[str, pa.Table | None]:
+def stored_tables(tables: dict[str, pa.Table | None],
+                  vocabulary: TokenVocabulary | None = None) -> dict[str, pa.Table | None]:
     """A step's tables as written (on the writer thread: the caller goes on with the next step meanwhile): pass rows
-    without what they repeat of their token, the step's `token_summary`, token rows without what they repeat."""
+    without what they repeat of their token, the step's `token_summary`, token rows without what they repeat (of
+    themselves, and their ids of `vocabulary`, rank 0's, with the step's `token_vocab` rows)."""
     tables = dict(tables)
     tables["token_passes"] = stored_passes(tables["tokens"], tables["token_passes"])
     tables["token_summary"] = step_summary(tables["rollouts"], tables["tokens"], tables["token_passes"])
     tables["tokens"] = stored_tokens(tables["tokens"])
+    if vocabulary is not None and tables["tokens"] is not None:
+        tables["tokens"], tables[VOCABULARY_TABLE] = vocabulary.elide(tables["tokens"])
     return tables
 
 
