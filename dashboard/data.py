@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 import pandas as pd
 
 from engine.clip_codes import CLIP_EVENTS, CLIP_NAMES, rate_column
-from engine.runlog.derived import STORED, kl_sql, new_logp_sql
+from engine.runlog.derived import STORED, TOKEN_ROWS, kl_sql, new_logp_sql
 
 # DuckDB's memory for the dashboard's queries (they read one step or one run's metrics; the largest, a whole
 # step's token passes, needs well under this), so a dashboard left open stays within a small machine's means.
@@ -175,6 +175,13 @@ def step_numbers(reader, run: str) -> list[int]:
 ROLLOUT_COLUMNS = """rollout_id, group_id, index_in_group, kind, prompt_id, prompt, completion, answer, reward,
     reward_correct, reward_process, reward_length, advantage, length, truncated, filtered, filter_reason,
     reward_components"""
+
+def tokens_reading(columns: str) -> str:
+    """The tokens to read `columns` from: the `tokens` view when they include token_id, else its rows without the
+    join that gives back the ids the run log stores once per run (`TOKEN_ROWS`: DuckDB keeps that join in a query
+    that does not aggregate, whether it reads the ids or not)."""
+    return "tokens" if "token_id" in columns else TOKEN_ROWS
+
 
 # The columns of a token with the values of one optimisation pass (`t`: tokens, `p`: token_passes).
 # mismatch: the trainer's log-prob minus the sampler's (engine.corrections' log_ratio), NULL without a sampler.
@@ -364,7 +371,8 @@ def tokens_at_update(reader, run: str, step: int, rollout_ids: tuple[int, ...], 
             WHERE {of_rollouts("p", listed=False)}
         )
         SELECT {columns}
-        FROM tokens t LEFT JOIN passes p ON p.rollout_id = t.rollout_id AND p.position = t.position
+        FROM {tokens_reading(columns)} t
+        LEFT JOIN passes p ON p.rollout_id = t.rollout_id AND p.position = t.position
         WHERE {of_rollouts("t")}
         ORDER BY t.rollout_id, t.position
         """,
@@ -377,7 +385,7 @@ def _tokens_of_pass(columns: str) -> str:
     position range $first_pos..$last_pos, NULL for every position) joined with one pass's rows."""
     return f"""
         SELECT {columns}
-        FROM tokens t
+        FROM {tokens_reading(columns)} t
         LEFT JOIN (SELECT * FROM {PASSES} WHERE "pass" = $pass AND {of_rollouts(listed=False)}) p
                ON p.rollout_id = t.rollout_id AND p.position = t.position
         WHERE {of_rollouts("t")} AND t.position BETWEEN coalesce($first_pos, 0) AND coalesce($last_pos, 2147483647)
@@ -463,8 +471,8 @@ def critic_tokens(reader, run: str, step: int, rollout_ids: tuple[int, ...]) -> 
     """Tokens of some rollouts with the logged advantage and, for runs with a critic, value, return and the KL part
     of the reward (NULL otherwise)."""
     return reader.sql(
-        f"""SELECT rollout_id, position, token_text, advantage, value, "return", kl_reward, prm_step FROM tokens
-           WHERE {of_rollouts()} ORDER BY rollout_id, position""",
+        f"""SELECT rollout_id, position, token_text, advantage, value, "return", kl_reward, prm_step
+           FROM {TOKEN_ROWS} WHERE {of_rollouts()} ORDER BY rollout_id, position""",
         rollouts_of_step(run, step, rollout_ids),
     )
 
@@ -482,7 +490,9 @@ def critic_token_bins(reader, run: str, step: int, rollout_ids: tuple[int, ...],
     stats = ", ".join(f'avg({c}) AS {c}, min({c}) AS {c}_low, max({c}) AS {c}_high' for c in CRITIC_CHANNELS)
     return reader.sql(
         f"""
-        WITH rows AS (SELECT rollout_id, position, {", ".join(CRITIC_CHANNELS)} FROM tokens WHERE {of_rollouts()}),
+        WITH rows AS (
+            SELECT rollout_id, position, {", ".join(CRITIC_CHANNELS)} FROM {TOKEN_ROWS} WHERE {of_rollouts()}
+        ),
              width AS (SELECT greatest(1, ceil((max(position) + 1) / $bins))::BIGINT AS w FROM rows)
         SELECT rollout_id, position // w AS bin, any_value(w) AS width, min(position) AS first_pos,
                max(position) AS last_pos, count(*) AS tokens, {stats}
@@ -689,7 +699,7 @@ def sampler_tokens(reader, run: str, step: int, rollout_ids: tuple[int, ...] | N
     listed = rollout_ids is not None
     return reader.sql(
         f"""SELECT t.rollout_id, t.position, {more} t.old_logp - t.sampler_logp AS log_ratio, t.advantage
-           FROM tokens t SEMI JOIN (
+           FROM {TOKEN_ROWS} t SEMI JOIN (
                SELECT rollout_id FROM rollouts
                WHERE {of_rollouts() if listed else "run = $run AND step = $step"}
                      AND kind = 'train' AND NOT coalesce(filtered, false)

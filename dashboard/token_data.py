@@ -13,7 +13,7 @@ import pandas as pd
 
 from dashboard.data import PASSES
 from engine.clip_codes import CLIP_COV, CLIP_EVENTS, CLIP_NONE, rate_column
-from engine.runlog.derived import kl_sql, new_logp_sql
+from engine.runlog.derived import TOKEN_ROWS, kl_sql, new_logp_sql
 from engine.runlog.summary import SPLIT_UNTIL, SUMMARY_BUCKET, position_from_sql
 
 SUMMARY = "token_summary"  # the run log's per-step sums of token statistics (engine.runlog.summary)
@@ -26,7 +26,7 @@ million tokens on one key takes half the time of three."""
 
 _TRAIN_TOKENS = f"""
     SELECT t.run, t.step, t.rollout_id, t.position, {_TOKEN_KEY} AS token_key, t.token_text, t.advantage, t.entropy
-    FROM tokens t SEMI JOIN (
+    FROM {TOKEN_ROWS} t SEMI JOIN (
         SELECT run, step, rollout_id FROM rollouts
         WHERE list_contains($runs, run) AND step BETWEEN $first AND $last AND kind = 'train'
     ) r ON r.run = t.run AND r.step = t.step AND r.rollout_id = t.rollout_id
@@ -299,7 +299,7 @@ _LOSS_TOKEN_PASSES = f"""
     SELECT t.step, p."pass", t.rollout_id, t.position, t.token_text, t.entropy, t.advantage,
            {new_logp_sql("p", "t")} AS new_logp, nullif({kl_sql("p", "t")}, 'NaN'::DOUBLE) AS kl, p.clip
     FROM (
-        SELECT t.*, {_TOKEN_KEY} AS token_key FROM tokens t SEMI JOIN (
+        SELECT t.*, {_TOKEN_KEY} AS token_key FROM {TOKEN_ROWS} t SEMI JOIN (
             SELECT run, step, rollout_id FROM rollouts
             WHERE run = $run AND step BETWEEN $first AND $last AND kind = 'train' AND NOT coalesce(filtered, false)
         ) r ON r.run = t.run AND r.step = t.step AND r.rollout_id = t.rollout_id
