@@ -22,12 +22,13 @@ other column's and sets the row's `elided` bit (schema.STORED_ONLY); the `tokens
 What a token row would repeat from the run's other token rows (`TokenVocabulary`): its token id, where the
 token's text says it. A run writes the same few thousand texts, each with the same id, millions of times, and Parquet
 stores the id and the text column each in full (1.1 and 1.2 bytes a row with a real tokenizer's vocabulary). The
-writer keeps one id per text for the run (the first it logged: several ids can decode to one text, e.g. pieces of a
-multi-byte character), leaves the id out (NULL, `elided` bit 4) where a row's id is its text's, and writes each
-step's (text, id) pairs to the `token_vocab` table; the `tokens` view reads the id back from there (`tokens_sql`).
-The text stays in the row: queries filter and group on it, and the view's join to `token_vocab` is dropped from any
-query that does not read `token_id`. Only rank 0 leaves ids out, so a run's pairs never disagree (the ranks of a
-multi-process run log each with their own writer).
+writer keeps one id per text for the run (its smallest id in the step that first logged the text: several ids can
+decode to one text, e.g. pieces of a multi-byte character), leaves the id out (NULL, `elided` bit 4) where a row's id
+is its text's, and writes each step's (text, id) pairs to the `token_vocab` table; the `tokens` view reads the id
+back from there (`tokens_sql`). The text stays in the row, so filtering and grouping on it cost what they did;
+reading an id costs a join (a few milliseconds a query), which DuckDB drops from an aggregate that reads no id but
+keeps in any other query: those read `TOKEN_ROWS`. Only rank 0 leaves ids out, so a run's pairs never disagree (the
+ranks of a multi-process run log each with their own writer, which knows only its own rows).
 
 The entropy decile (`entropy_deciles`): with r the number of tokens of the response whose entropy is lower than
 the token's and n the number of tokens with an entropy, the number of k in 1..9 with k (n - 1) / 10 < r, i.e. the
