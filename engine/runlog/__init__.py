@@ -25,7 +25,9 @@ On-disk layout (``SCHEMA_VERSION`` 1)::
     <logs_dir>/<run>/data/run=<run>/               the step data (``run=`` lets DuckDB skip other runs by path):
         step-<S>.rank<R>.s<W>/                     one finished step of one rank: <table>.parquet for each table
                                                    that has rows (steps, rollouts, tokens, token_passes, prm_steps,
-                                                   ref_tokens; their columns: `schema.TABLE_SCHEMAS`);
+                                                   ref_tokens; their columns: `schema.TABLE_SCHEMAS`), and what the
+                                                   writer derives (token_summary; token_vocab, the token ids the
+                                                   tokens rows leave out: `derived.TokenVocabulary`);
                                                    W identifies the writer session (hex microseconds)
         chunk-<A>-<B>-<Q>.rank<R>/                 steps A..B of rank R merged into larger sorted files
                                                    (compaction; Q is a sequence number, the newest chunk wins)
