@@ -27,9 +27,10 @@ from dashboard.tokens import is_missing, number, plain  # noqa: F401  (pages use
 LOGS_DIR_ENV = "POLICYLENS_LOGS_DIR"
 
 
-def logs_dir() -> str:
-    """Absolute logs folder: `--logs-dir DIR` after `--` on the streamlit command line, else the environment."""
-    argv = sys.argv[1:]
+def logs_dir(argv: list[str] | None = None) -> str:
+    """Absolute logs folder: `--logs-dir DIR` after `--` on the streamlit command line (the app's arguments, or
+    `argv`), else the environment."""
+    argv = sys.argv[1:] if argv is None else argv
     for i, arg in enumerate(argv):
         if arg == "--logs-dir" and i + 1 < len(argv):
             return str(Path(argv[i + 1]).resolve())

@@ -32,15 +32,14 @@ def _warm_up(logs_dir: str) -> None:
 
 
 def main(argv: list[str]) -> None:
-    app_args = argv[argv.index("--") + 1:] if "--" in argv else []
-    logs_dir = next((app_args[i + 1] for i, arg in enumerate(app_args[:-1]) if arg == "--logs-dir"), None)
     from streamlit.runtime import Runtime  # noqa: F401  (for `_warm_up`)
     from streamlit.web import cli
 
-    from dashboard import charts, queries  # noqa: F401  pandas, pyarrow, DuckDB, plotly, streamlit
+    from dashboard import charts, common, queries  # noqa: F401  pandas, pyarrow, DuckDB, plotly, streamlit
 
-    if logs_dir is not None:
-        threading.Thread(target=_warm_up, args=(logs_dir,), name="policylens-warm-up", daemon=True).start()
+    # the folder exactly as the app will name it (the reader's cache key)
+    logs_dir = common.logs_dir(argv[argv.index("--") + 1:] if "--" in argv else [])
+    threading.Thread(target=_warm_up, args=(logs_dir,), name="policylens-warm-up", daemon=True).start()
     sys.argv = ["streamlit", *argv]
     cli.main()
 
