@@ -19,9 +19,11 @@ Formats, read from THUDM/slime:
   `sample_index` = the rollout sample's `index`; a sample several ranks wrote is taken once.
 
 The path templates are the user's, so every `*.pt` file of the folder (and of its sub-folders, one level) is
-opened and told apart by its keys. A dump is untrusted input: it is loaded with `torch.load(weights_only=True)`
-(no pickle code runs); a file that cannot be loaded that way, or of unknown shape, is reported and skipped, and
-a sample whose per-token lists do not match its response length is reported (file, sample) and skipped.
+told apart by its first keys (`restricted_pickle.leading_items`, read without loading it), then loaded once. A
+dump is untrusted input: it loads to what `torch.load(weights_only=True)` would return (no pickle code runs;
+`restricted_pickle.load_dump`, Python's C unpickler for plain data); a file that cannot be loaded that way, or of
+unknown shape, is reported and skipped, and a sample whose per-token lists do not match its response length is
+reported (file, sample) and skipped.
 
 Columns: rollout_log_probs -> tokens.sampler_logp, log_probs -> old_logp, ref_log_probs -> ref_logp, entropy,
 advantages, values -> value, returns -> return; `kl` (slime's per-token KL estimate) and `teacher_log_probs` go
@@ -38,6 +40,7 @@ from pathlib import Path
 from typing import Any
 
 from engine.importers.base import SETTLE_SECONDS, ReadContext, Step, as_text, finite, is_number
+from engine.importers.restricted_pickle import leading_items, load_dump
 from engine.importers.token_dumps import TokenVocabulary, json_or_none, samples_from_rows, step_tables
 from engine.runlog import RunLogError
 
@@ -49,10 +52,8 @@ _PER_TOKEN = {"rollout_log_probs": "sampler_logp", "log_probs": "old_logp", "ref
 
 
 def _load(path: Path, ctx: ReadContext) -> dict | None:
-    import torch
-
     try:
-        data = torch.load(path, map_location="cpu", weights_only=True)
+        data = load_dump(path)
     except Exception as err:  # untrusted bytes (UnpicklingError for code, RuntimeError for a bad zip...): skipped
         first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
         ctx.report.problems.append(f"{path.name}: not a dump torch.load(weights_only=True) can read ({first}); "
@@ -65,11 +66,15 @@ def _load(path: Path, ctx: ReadContext) -> dict | None:
 
 
 def _kind(path: Path, data: dict) -> str | None:
-    if isinstance(data.get("rollout_data"), dict):
+    """Which dump `data` is: a loaded dump, or its `leading_items` (containers given as `list` / `dict`)."""
+    def holds(key: str, container: type) -> bool:
+        return data.get(key) is container or isinstance(data.get(key), container)
+
+    if holds("rollout_data", dict):
         return "train-v1"
-    if data.get("format_version") == 2 and isinstance(data.get("samples"), list):
+    if data.get("format_version") == 2 and holds("samples", list):
         return "train-v2"
-    if isinstance(data.get("samples"), list):
+    if holds("samples", list):
         return "eval" if "eval_" in path.name else "rollout"
     return None
 
@@ -86,32 +91,37 @@ def slime_steps(folder: Path, ctx: ReadContext) -> Iterator[Step]:
     if not paths and not ctx.settle:
         raise RunLogError(f"{folder} holds no *.pt file; accepted: the folder of slime's --save-debug-rollout-data "
                           "and/or --save-debug-train-data dumps (torch.save files)")
-    by_step: dict[int, list[tuple[str, Path]]] = {}
-    for path in paths:  # first look: which dump and which rollout each file is (the contents are dropped)
-        data = _load(path, ctx)
+    by_step: dict[int, list[Path]] = {}
+    for path in paths:  # first look: which dump and which rollout each file is, from its first keys if it can
+        data = leading_items(path)
+        if data is None or "rollout_id" not in data:
+            data = _load(path, ctx)
         if data is None:
             continue
         kind = _kind(path, data)
         if kind is None:
             ctx.report.problems.append(f"{path.name}: a dump of unknown shape (keys {sorted(data)[:8]}); skipped")
-        elif kind != "eval" and isinstance(data["rollout_id"], int):
-            by_step.setdefault(data["rollout_id"], []).append((kind, path))
+        elif kind != "eval" and isinstance(data.get("rollout_id"), int):
+            by_step.setdefault(data["rollout_id"], []).append(path)
     vocabulary = TokenVocabulary(ctx.token_text)
     for step in sorted(by_step):
         if ctx.after is not None and step <= ctx.after:
             continue
         rows = _step_rows(by_step[step], ctx)
         if rows:
-            names = sorted(p.name for _, p in by_step[step])
+            names = sorted(p.name for p in by_step[step])
             yield step_tables(step, samples_from_rows(rows), ctx, vocabulary,
                               {"source": SOURCE, "source_files": names})
 
 
-def _step_rows(files: list[tuple[str, Path]], ctx: ReadContext) -> list[dict]:
+def _step_rows(files: list[Path], ctx: ReadContext) -> list[dict]:
     rollout, train, raw_reward, shown = [], {}, None, {}
-    for kind, path in files:
+    for path in files:
         data = _load(path, ctx)
-        if data is None:
+        kind = _kind(path, data) if data is not None else None
+        if kind in (None, "eval"):  # unreadable (reported), or not what its first keys said
+            if data is not None:
+                ctx.report.problems.append(f"{path.name}: not the dump its first keys announced; skipped")
             continue
         if kind == "rollout":
             rollout = [s for s in data["samples"] if isinstance(s, dict)]
