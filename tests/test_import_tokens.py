@@ -267,3 +267,29 @@ def test_dump_fields_read_through_policylens_sql_and_a_run_imported_before_them_
     with RunReader(tmp_path / "logs", runs="old") as reader:
         got = reader.sql("SELECT dump, extra->>'loss_mask' AS m FROM tokens ORDER BY position")
     assert got["dump"].isna().all() and got["m"].tolist() == ["true", "true"]
+
+
+def test_slime_values_that_are_not_finite_numbers_are_null_and_a_malformed_list_costs_its_sample(tmp_path):
+    import torch
+
+    folder = tmp_path / "slime"
+    folder.mkdir()
+    rollout = [{"group_index": 0, "index": i, "tokens": [7, 8, 9, 10, 11], "response_length": 3, "reward": 1.0,
+                "rollout_log_probs": logp} for i, logp in enumerate([[-0.5, None, float("nan")], [[1, 2], [3, 4]]])]
+    train = [{"rollout_position": 0, "response_lengths": 3, "loss_masks": torch.tensor([True, False, True]),
+              "log_probs": torch.tensor([-1.0, -2.0, float("inf")], dtype=torch.bfloat16),
+              "entropy": [1, True, "x"], "advantages": torch.tensor([0.25, -0.5, 2.0])}]
+    torch.save({"rollout_id": 1, "samples": rollout}, folder / "rollout_1.pt")
+    torch.save({"format_version": 2, "rollout_id": 1, "rank": 0, "samples": train}, folder / "train_1_0.pt")
+    report = import_run("slime", folder, tmp_path / "logs", "run")
+    assert report.imported == [1]
+    assert report.problems == ["rollout_1.pt: sample 1: a per-token list that is not one list of numbers "
+                               "(2-dimensional); sample skipped"]
+    with RunReader(tmp_path / "logs") as reader:
+        got = _tokens(reader, "run", 1)
+    assert [g["token_id"] for g in got] == [9, 10, 11]
+    column = {name: [None if g[name] is None or math.isnan(g[name]) else g[name] for g in got]
+              for name in ("sampler_logp", "old_logp", "entropy", "advantage")}
+    assert column == {"sampler_logp": [-0.5, None, None], "old_logp": [-1.0, -2.0, None],
+                      "entropy": [1.0, 1.0, None], "advantage": [0.25, -0.5, 2.0]}
+    assert [g["dump"]["loss_mask"] for g in got] == [True, False, True]

@@ -39,6 +39,8 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from engine.importers.base import SETTLE_SECONDS, ReadContext, Step, as_text, finite, is_number
 from engine.importers.restricted_pickle import leading_items, load_dump
 from engine.importers.token_dumps import TokenVocabulary, json_or_none, samples_from_rows, step_tables
@@ -157,38 +159,59 @@ def _train_samples(data: dict, kind: str) -> list[dict]:
     return samples
 
 
-def _as_list(value: Any) -> list | None:
+def _array(value: Any, dtype: type) -> np.ndarray | None:
+    """A per-token list or tensor as a numpy array of `dtype`; for floats, what is not a finite number -> NaN."""
     if value is None:
         return None
-    if hasattr(value, "tolist"):
-        value = value.tolist()
-    return list(value) if isinstance(value, (list, tuple)) else None
+    if hasattr(value, "numpy"):  # a tensor (bfloat16 has no numpy type: widened first)
+        value = value.detach().cpu().double().numpy() if dtype is np.float64 else value.detach().cpu().numpy()
+    if not isinstance(value, (list, tuple, np.ndarray)):
+        return None
+    try:
+        array = np.asarray(value, dtype=dtype)
+    except (TypeError, ValueError):  # None, text... among numbers: each value on its own
+        if dtype is not np.float64:
+            raise
+        array = np.array([np.nan if finite(v) is None else finite(v) for v in value], dtype=np.float64)
+    if array.ndim != 1:
+        raise ValueError(f"{array.ndim}-dimensional")
+    if dtype is np.float64:
+        array[~np.isfinite(array)] = np.nan
+    return array
 
 
 def _row(sample: dict, match, position, raw_reward, rollout_name, ctx: ReadContext) -> dict | None:
     """One samples-table row from a rollout sample and its train sample (either may be missing)."""
     train, train_name = match if match is not None else ({}, None)
     where = f"{train_name or rollout_name}: sample {position}"
-    tokens = _as_list(train.get("tokens")) or _as_list(sample.get("tokens"))
+    try:
+        tokens = _array(train.get("tokens"), np.int64)
+        tokens = tokens if tokens is not None and len(tokens) else _array(sample.get("tokens"), np.int64)
+        mask = _array(train.get("loss_masks"), np.int64)
+        mask = mask if mask is not None and len(mask) else _array(sample.get("loss_mask"), np.int64)
+        values = {key: _array(train[key] if train.get(key) is not None else sample.get(key), np.float64)
+                  for key in _PER_TOKEN}
+    except (TypeError, ValueError, OverflowError) as err:
+        ctx.report.problems.append(f"{where}: a per-token list that is not one list of numbers ({err}); "
+                                   "sample skipped")
+        return None
     length = train.get("response_lengths", sample.get("response_length"))
     length = length.item() if hasattr(length, "item") and getattr(length, "ndim", 0) == 0 else length
-    if not tokens or not is_number(length) or not 0 < int(length) <= len(tokens):
+    if tokens is None or not len(tokens) or not is_number(length) or not 0 < int(length) <= len(tokens):
         ctx.report.problems.append(f"{where}: no tokens or response length; sample skipped")
         return None
     length = int(length)
-    pad = [None] * (len(tokens) - length)
-    mask = _as_list(train.get("loss_masks")) or _as_list(sample.get("loss_mask")) or [1] * length
-    row: dict[str, Any] = {"token_ids": [int(t) for t in tokens], "loss_mask": [False] * len(pad)
-                           + [bool(m) for m in mask]}
+    pad = len(tokens) - length
+    mask = np.ones(length, dtype=np.int64) if mask is None or not len(mask) else mask
+    row: dict[str, Any] = {"token_ids": tokens, "loss_mask": np.concatenate([np.zeros(pad, bool), mask != 0])}
     for key, column in _PER_TOKEN.items():
-        values = _as_list(train.get(key)) if train.get(key) is not None else _as_list(sample.get(key))
-        if values is None:
+        if values[key] is None:
             continue
-        if len(values) != length:
-            ctx.report.problems.append(f"{where}: {key} has {len(values)} values for {length} response tokens; "
-                                       "sample skipped")
+        if len(values[key]) != length:
+            ctx.report.problems.append(f"{where}: {key} has {len(values[key])} values for {length} response "
+                                       "tokens; sample skipped")
             return None
-        row[column] = pad + [finite(v) for v in values]
+        row[column] = np.concatenate([np.full(pad, np.nan), values[key]])
     if len(mask) != length:
         ctx.report.problems.append(f"{where}: loss mask has {len(mask)} values for {length} response tokens; "
                                    "sample skipped")

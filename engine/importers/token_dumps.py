@@ -86,14 +86,27 @@ def valid_lengths_sql(list_names: Iterable[str]) -> str:
 
 def samples_from_rows(rows: list[dict[str, Any]]) -> pa.Table:
     """A samples table from Python rows (slime's torch dumps): the standard columns typed, `x_` columns as lists
-    of whatever type pyarrow infers (floats, bools, ints)."""
+    of floats. A list column's value in a row is a numpy array (NaN: a null token value) or None (no list)."""
     names = [f.name for f in SAMPLE_SCHEMA] + sorted({k for r in rows for k in r if k.startswith("x_")})
     arrays = {}
     for name in names:
         values = [r.get(name) for r in rows]
-        arrays[name] = pa.array(values, SAMPLE_SCHEMA.field(name).type) if name in SAMPLE_SCHEMA.names \
-            else pa.array(values)
+        field_type = SAMPLE_SCHEMA.field(name).type if name in SAMPLE_SCHEMA.names else pa.list_(pa.float64())
+        arrays[name] = _list_array(values, field_type) if pa.types.is_list(field_type) \
+            else pa.array(values, field_type)
     return pa.table(arrays)
+
+
+def _list_array(values: list[np.ndarray | None], list_type: pa.ListType) -> pa.Array:
+    """One list per row from numpy arrays, concatenated once (no Python per token); NaN values become nulls."""
+    lengths = np.array([0 if v is None else len(v) for v in values], dtype=np.int32)  # (n,)
+    offsets = pa.array(np.concatenate([[0], np.cumsum(lengths, dtype=np.int32)]))  # (n + 1,)
+    present = [v for v in values if v is not None]
+    flat = np.concatenate(present) if present else np.zeros(0)  # (N,)
+    missing = np.isnan(flat) if flat.dtype.kind == "f" else None
+    child = pa.array(flat, mask=missing).cast(list_type.value_type)
+    return pa.ListArray.from_arrays(offsets, child, type=list_type,
+                                    mask=pa.array([v is None for v in values], pa.bool_()))
 
 
 class TokenVocabulary:
