@@ -24,7 +24,8 @@ def _same(a, b) -> bool:
     if isinstance(a, (list, tuple)):
         return len(a) == len(b) and all(_same(x, y) for x, y in zip(a, b, strict=True))
     if isinstance(a, torch.Tensor):
-        return (a.dtype, a.shape, a.stride()) == (b.dtype, b.shape, b.stride()) and torch.equal(a, b)
+        return (a.dtype, a.shape, a.stride(), a.requires_grad) == (b.dtype, b.shape, b.stride(), b.requires_grad) \
+            and torch.equal(a, b)
     return a == b or (a != a and b != b)  # NaN
 
 
@@ -49,6 +50,7 @@ def _plain_dump():
         {"tokens": torch.tensor([3, -1, 50_000]), "mask": torch.tensor([True, False]),
          "half": torch.tensor([0.5, -2.0], dtype=torch.float16), "bf16": torch.tensor([1.5], dtype=torch.bfloat16),
          "view": base.t()[1:], "shared": base, "column": base[:, 2], "scalar": torch.tensor(2.5),
+         "trainable": torch.ones(2, requires_grad=True),
          "ordered": OrderedDict(b=1, a=2), "tuple": (1, "x")}]}
 
 
