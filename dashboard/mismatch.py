@@ -40,7 +40,7 @@ class StepMismatch:
     summary: dict  # tokens, sequences, mean_log_ratio, mean_abs_log_ratio, max_abs_log_ratio, out_of_band, ...
     histogram: pd.DataFrame  # left, right, tokens: the log-ratios, the outermost bins holding the tails
     probabilities: pd.DataFrame  # trainer_p, sampler_p, tokens: one row per token, or per cell when binned
-    binned: bool  # whether `probabilities` holds grid cells (more than MAX_POINTS tokens)
+    grid_cells: int  # cells per axis when `probabilities` holds grid cells (more than MAX_POINTS tokens), else 0
     buckets: pd.DataFrame  # by, bucket, order, tokens, out_of_band, mean_abs_log_ratio
     by_text: pd.DataFrame  # token_text, tokens, outside, out_of_band, mean_abs_log_ratio, worst_* (worst first)
     sequences: pd.DataFrame  # rollout_id, tokens, mean/sum/max_abs log_ratio, out_of_band, reward, advantage
@@ -73,20 +73,20 @@ def histogram(log_ratio: np.ndarray, bins: int = HISTOGRAM_BINS) -> pd.DataFrame
 
 
 def probability_points(tokens: pd.DataFrame, max_points: int = MAX_POINTS, cells: int = GRID_CELLS
-                       ) -> tuple[pd.DataFrame, bool]:
+                       ) -> tuple[pd.DataFrame, int]:
     """(trainer_p, sampler_p, tokens) per token, or per non-empty cell of a cells x cells grid over [0, 1]^2 (the
-    cell's centre) when there are more than `max_points` tokens; and whether it was binned."""
+    cell's centre) when there are more than `max_points` tokens; and the grid's cells per axis (0: not binned)."""
     trainer = np.exp(tokens["old_logp"].to_numpy(dtype=float))
     sampler = np.exp(tokens["sampler_logp"].to_numpy(dtype=float))
     if len(trainer) <= max_points:
-        return pd.DataFrame({"trainer_p": trainer, "sampler_p": sampler, "tokens": 1}), False
+        return pd.DataFrame({"trainer_p": trainer, "sampler_p": sampler, "tokens": 1}), 0
     # cell (i, j) holds [i/cells, (i+1)/cells) x [j/cells, (j+1)/cells), probability 1 in the last
     cell = np.clip((trainer * cells).astype(int), 0, cells - 1) * cells + np.clip((sampler * cells).astype(int), 0,
                                                                                   cells - 1)
     counts = np.bincount(cell, minlength=cells * cells)
     filled = np.flatnonzero(counts)
     return pd.DataFrame({"trainer_p": (filled // cells + 0.5) / cells, "sampler_p": (filled % cells + 0.5) / cells,
-                         "tokens": counts[filled]}), True
+                         "tokens": counts[filled]}), cells
 
 
 def _per_group(codes: np.ndarray, log_ratio: np.ndarray, groups: int, rank: np.ndarray | None = None
@@ -176,7 +176,7 @@ def sequences(tokens: pd.DataFrame, rollouts: pd.DataFrame) -> pd.DataFrame:
 
 def step_mismatch(tokens: pd.DataFrame, rollouts: pd.DataFrame) -> StepMismatch:
     """Everything of the one-step view from the step's sampler tokens and its rollouts."""
-    points, binned = probability_points(tokens)
+    points, grid_cells = probability_points(tokens)
     return StepMismatch(summary=summary(tokens), histogram=histogram(tokens["log_ratio"].to_numpy(dtype=float)),
-                        probabilities=points, binned=binned, buckets=buckets(tokens), by_text=by_text(tokens),
+                        probabilities=points, grid_cells=grid_cells, buckets=buckets(tokens), by_text=by_text(tokens),
                         sequences=sequences(tokens, rollouts))

@@ -916,7 +916,7 @@ def test_mismatch_page_shows_the_logged_gap_and_what_each_correction_does(traine
     assert corrections.loc["TIS token (≤ 2)", "weight mean"] == f"{np.minimum(ratio, 2.0).mean():.3f}"
     out_of_tis_band = (ratio < 0.5) | (ratio > 2)
     assert corrections.loc["reject token_k1 (0.5_2.0)", "tokens dropped"] == f"{out_of_tis_band.mean():.3f}"
-    assert plotly_spec(at, "correction_heatmaps")["data"], "one group's weights side by side"
+    assert plotly_spec(at, "correction_heatmaps")["data"], "one group's weights, a band per correction"
 
 
 def test_mismatch_correction_heatmaps_are_binned_to_the_panel(trained_prm, monkeypatch):
@@ -931,14 +931,16 @@ def test_mismatch_correction_heatmaps_are_binned_to_the_panel(trained_prm, monke
     step = last_step(logs_dir, run)
     monkeypatch.setattr(common, "PANEL_BINS", 5)
     at = open_page(logs_dir, "mismatch", monkeypatch, run=run, step=step)
-    tis = next(t for t in plotly_spec(at, "correction_heatmaps")["data"] if "TIS token" in t["hovertemplate"])
+    (heatmap,) = plotly_spec(at, "correction_heatmaps")["data"]  # every correction's band in one trace
+    rows = [i for i, label in enumerate(heatmap["y"]) if label.startswith("TIS token (≤ 2) · ")]
     tokens = independent(logs_dir, "tokens", "WHERE run = ? AND step = ? AND sampler_logp IS NOT NULL", [run, step])
-    rollouts = [int(re.search(r"rollout (\d+)", label).group(1)) for label in tis["y"]]
+    rollouts = [int(re.search(r"rollout (\d+)", heatmap["y"][i]).group(1)) for i in rows]
     tokens = tokens[tokens["rollout_id"].isin(rollouts)]
     width = math.ceil((int(tokens["position"].max()) + 1) / 5)
     weight = np.minimum(np.exp(tokens["old_logp"] - tokens["sampler_logp"]), 2.0)
     means = weight.groupby([tokens["rollout_id"].to_numpy(), (tokens["position"] // width).to_numpy()]).mean()
-    shown = array(tis["z"]).astype(float).reshape(len(rollouts), -1)
+    z = array(heatmap["z"]).astype(float)
+    shown = z.reshape(len(heatmap["y"]), -1)[rows]
     assert shown.shape[1] == math.ceil((int(tokens["position"].max()) + 1) / width) <= 5
     for (rollout, column), value in means.items():
         assert shown[rollouts.index(rollout), column] == pytest.approx(value, rel=1e-5), (rollout, column)

@@ -130,6 +130,23 @@ def test_heatmaps_send_explicit_colour_stops_in_the_direction_of_the_token_view(
     assert stops[0][1] == "rgb(103,0,31)" and stops[-1][1] == "rgb(5,48,97)"  # red for -, blue for +
     weights = charts.weight_heatmaps({"grpo": np.array([[0.1, -0.1]])}, ["r0"])
     assert not isinstance(weights.data[0].colorscale, str)
+    stacked = charts.stacked_weight_heatmap({"tis": np.array([[1.5, 0.0]])}, ["r0"])
+    assert not isinstance(stacked.data[0].colorscale, str)
+
+
+def test_stacked_weight_heatmap_keeps_each_correction_s_rows_in_its_band():
+    weights = {"TIS": np.array([[1.5, np.nan], [0.5, 2.0]]), "reject": np.array([[1.0, 0.0], [np.nan, 1.0]]),
+               "mask": np.array([[0.0, 1.0], [1.0, 1.0]])}
+    figure = charts.stacked_weight_heatmap(weights, ["#0", "#1"], positions=np.array([3.0, 8.0]), bin_width=5)
+    (trace,) = figure.data
+    z = np.asarray(trace.z)
+    assert z.dtype == np.float32 and z.shape == (6, 2)
+    np.testing.assert_array_equal(z, np.concatenate(list(weights.values())))  # NaN padding stays NaN
+    assert list(trace.y) == ["TIS · #0", "TIS · #1", "reject · #0", "reject · #1", "mask · #0", "mask · #1"]
+    assert list(figure.layout.yaxis.ticktext) == list(weights)
+    assert [shape.y0 for shape in figure.layout.shapes] == [1.5, 3.5]  # between the bands
+    assert (trace.zmin, trace.zmid, trace.zmax) == (0.0, 1.0, 2.0)  # centred at 1, as far as the farthest weight
+    assert "± 2" in trace.hovertemplate
 
 
 def test_weighting_and_sandbox_take_their_lists_and_numbers_from_the_engine():

@@ -68,6 +68,15 @@ def test_probability_scatter_bins_past_the_point_limit_and_keeps_the_count():
     points, _ = mismatch.probability_points(same, max_points=2000, cells=10)  # cells of 0.1, probability 1 last
     assert points.to_dict("list") == {"trainer_p": pytest.approx([0.35, 0.95]),
                                       "sampler_p": pytest.approx([0.75, 0.95]), "tokens": [3000, 1]}
+    # drawn as a 10 x 10 heatmap: rows are the sampler's cells, columns the trainer's, empty cells blank
+    (cells, _diagonal) = charts.probability_scatter(points, 10).data
+    assert cells.type == "heatmap" and not cells.hoverongaps
+    counts, shade = np.asarray(cells.customdata), np.asarray(cells.z)
+    assert counts[7, 3] == 3000 and counts[9, 9] == 1 and counts.sum() == 3001
+    assert shade[7, 3] == pytest.approx(np.log10(3000)) and shade[9, 9] == 0 and np.isnan(shade).sum() == 98
+    np.testing.assert_allclose(cells.x, np.arange(10) / 10 + 0.05)
+    (dots, _diagonal) = charts.probability_scatter(mismatch.probability_points(HAND)[0]).data
+    assert dots.type == "scatter" and len(dots.x) == 5
 
 
 def test_buckets_by_probability_entropy_and_position():

@@ -71,8 +71,8 @@ st.caption("log-ratio = old_logp − sampler_logp = log(π_trainer / π_sampler)
 left, right = st.columns(2)
 left.markdown("**Token log-ratios**")
 left.plotly_chart(charts.mismatch_histogram(view.histogram, RATIO_BAND), key="mismatch_histogram")
-right.markdown("**Trainer against sampler probability**" + (" (binned)" if view.binned else ""))
-right.plotly_chart(charts.probability_scatter(view.probabilities, view.binned), key="probability_scatter")
+right.markdown("**Trainer against sampler probability**" + (" (binned)" if view.grid_cells else ""))
+right.plotly_chart(charts.probability_scatter(view.probabilities, view.grid_cells), key="probability_scatter")
 
 st.markdown(f"**Share of tokens outside {band}**")
 st.plotly_chart(charts.mismatch_buckets(view.buckets), key="mismatch_buckets")
@@ -130,8 +130,8 @@ def corrections() -> None:
         return
     index_of = dict(zip(members["rollout_id"].astype(int), members["index_in_group"], strict=True))
     labels = [f"#{common.plain(index_of.get(r))} (rollout {r})" for r in ids]
-    st.plotly_chart(charts.weight_heatmaps(weights, labels, centre=1.0, label="loss weight", positions=positions,
-                                           bin_width=width), key="correction_heatmaps")
+    st.plotly_chart(charts.stacked_weight_heatmap(weights, labels, positions=positions, bin_width=width),
+                    key="correction_heatmaps")
 
 
 corrections()
