@@ -217,8 +217,9 @@ def _channel_rows(frame: pd.DataFrame, channel_names: list[str], x, labels: list
         channel = CHANNELS[name]
         values = pd.to_numeric(frame[channel.column], errors="coerce").to_numpy(dtype=float)
         low, high = channel_range(pd.Series(values), channel)
-        grid.add(i, {
-            "type": "heatmap", "z": [values], "x": x, "y": [channel.label],
+        grid.add(i, {  # float32: plotly's binary arrays at half the bytes; the hover shows 4 digits
+            "type": "heatmap", "z": values.astype(np.float32)[None, :], "x": np.asarray(x, dtype=np.float32),
+            "y": [channel.label],
             "zmin": low, "zmax": high, "colorscale": _scale(channel.colorscale), "showscale": False,
             **({"customdata": [labels]} if labels is not None else {}),
             "hovertemplate": f"{hover}<br>{channel.label} %{{z:.4g}}<extra></extra>",
@@ -254,8 +255,8 @@ def token_overview_strip(bins: pd.DataFrame, channel_name: str, window: tuple[in
     first, last = bins["first_pos"].to_numpy(dtype=float), bins["last_pos"].to_numpy(dtype=float)
     centres = (first + last) / 2
     grid = Subplots(2, 1, vspace=0.04, shared_x=True)
-    grid.add(0, {"type": "heatmap", "x": centres, "y": [html.escape(channel.label)],
-                 "z": [values.to_numpy(dtype=float)], "zmin": low, "zmax": high, "showscale": False,
+    grid.add(0, {"type": "heatmap", "x": centres.astype(np.float32), "y": [html.escape(channel.label)],
+                 "z": values.to_numpy(dtype=np.float32)[None, :], "zmin": low, "zmax": high, "showscale": False,
                  "colorscale": _scale(channel.colorscale), "hoverinfo": "skip"})
     starts = np.arange(first.min() - first.min() % window_size, last.max() + 1, window_size)
     ends = np.minimum(starts + window_size - 1, last.max())
@@ -269,9 +270,10 @@ def token_overview_strip(bins: pd.DataFrame, channel_name: str, window: tuple[in
                        for name, _, _ in STRIP_MARKS])  # (events, bins)
     rows = np.arange(1, len(STRIP_MARKS) + 1, dtype=float)[:, None]
     colours = [colour for _, _, colour in STRIP_MARKS]
-    grid.add(1, {"type": "heatmap", "x": centres, "y": [label for _, label, _ in STRIP_MARKS],
-                 "z": np.where(counts > 0, rows, np.nan), "customdata": counts, "zmin": 0.5,
-                 "zmax": len(STRIP_MARKS) + 0.5, "showscale": False, "xgap": 0, "ygap": 2,
+    grid.add(1, {"type": "heatmap", "x": centres.astype(np.float32), "y": [label for _, label, _ in STRIP_MARKS],
+                 "z": np.where(counts > 0, rows, np.nan).astype(np.float32),
+                 "customdata": np.nan_to_num(counts).astype(np.uint32), "zmin": 0.5, "zmax": len(STRIP_MARKS) + 0.5,
+                 "showscale": False, "xgap": 0, "ygap": 2,
                  "colorscale": [[f / len(colours), colour] for i, colour in enumerate(colours) for f in (i, i + 1)],
                  "hovertemplate": "around token %{x:.0f}: %{customdata} %{y}<extra></extra>"})
     grid.axis(0, "y").update(showticklabels=False, fixedrange=True)

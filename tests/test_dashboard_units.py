@@ -311,15 +311,15 @@ def test_token_heatmap_ticks_whole_positions_centred_on_their_cells(length):
     heatmap cell at x = i spans i ± 0.5, so a tick at a whole number is centred on its cell."""
     tokens = pd.DataFrame({"position": range(length), "token_text": [f"t{i}" for i in range(length)],
                            "advantage": np.linspace(-1, 1, length), "entropy": np.linspace(0, 2, length)})
-    figure = charts.token_channel_heatmap(tokens, ["advantage", "entropy"]).to_plotly_json()
-    layout = figure["layout"]
+    heatmap = charts.token_channel_heatmap(tokens, ["advantage", "entropy"])
+    layout = heatmap.to_plotly_json()["layout"]
     bottom = max((k for k in layout if k.startswith("xaxis")), key=lambda k: int(k[5:] or 1))
     axis = layout[bottom]
     assert axis["tickmode"] == "linear" and axis["tick0"] == 0
     step = axis["dtick"]
     assert isinstance(step, int) and step >= 1
     ticks = list(range(0, length, step))
-    cells = [list(trace["x"]) for trace in figure["data"]]
+    cells = [np.asarray(trace.x).tolist() for trace in heatmap.data]
     assert all(c == list(range(length)) for c in cells)  # cell centres on whole positions
     if length <= 40:
         assert ticks == list(range(length))  # one tick per token position
