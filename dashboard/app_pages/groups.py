@@ -8,6 +8,7 @@ import streamlit as st
 from dashboard import common, data, queries
 
 GROUPS_PER_PAGE = 8
+COMPLETIONS_PER_PAGE = 64  # fewer groups a page when they are large: a browser draws ~5 elements per completion
 # The outcomes `data.group_summary` gives a group: from its correctness column, or from its rewards without one.
 OUTCOMES = ("mixed", "all correct", "all wrong", "no signal")
 COLUMNS_PER_ROW = 4
@@ -71,9 +72,10 @@ if shown.empty:
     st.stop()
 
 # ---------------------------------------------------------------- the groups, one page at a time
-pages = max(1, -(-len(shown) // GROUPS_PER_PAGE))
+per_page = max(1, min(GROUPS_PER_PAGE, COMPLETIONS_PER_PAGE // int(summary["size"].max())))  # groups of 16: 4
+pages = max(1, -(-len(shown) // per_page))
 page = st.number_input("Page", 1, pages, 1, key="group_page") if pages > 1 else 1
-for group in shown.iloc[(page - 1) * GROUPS_PER_PAGE: page * GROUPS_PER_PAGE].itertuples(index=False):
+for group in shown.iloc[(page - 1) * per_page: page * per_page].itertuples(index=False):
     members = data.group_members(rollouts, group.group_id)
     mark = f" · **dropped** ({common.md(group.filter_reason)})" if common.flag(group.filtered) else ""
     with st.container(border=True):
