@@ -87,10 +87,11 @@ for group in shown.iloc[(page - 1) * per_page: page * per_page].itertuples(index
             for column, r in zip(columns, members.iloc[start: start + COLUMNS_PER_ROW].itertuples(index=False),
                                  strict=False):
                 flags = [f for f, on in (("✂ truncated", r.truncated), ("⊘ filtered", r.filtered)) if common.flag(on)]
+                # one element for both lines (a browser draws ~5 per completion); reward function names come from the
+                # trainer's code: shown as literal text
                 column.markdown(f"**#{common.md(r.index_in_group)}** · A **{common.number(r.advantage, '+.3f')}** · "
-                                f"{common.number(r.length, '.0f')} tok" + (" · " + " ".join(flags) if flags else ""))
-                # reward function names come from the trainer's code: shown as literal text
-                column.caption(common.md(common.reward_breakdown(r)))
+                                f"{common.number(r.length, '.0f')} tok" + (" · " + " ".join(flags) if flags else "")
+                                + f"  \n:small[{common.md(common.reward_breakdown(r))}]")
                 # st.code escapes its text and keeps whitespace and newlines as they are.
                 column.code(common.plain(r.completion), language=None, wrap_lines=True)
                 if pd.notna(r.completion_chars) and r.completion_chars > len(r.completion):
