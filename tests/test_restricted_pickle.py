@@ -160,3 +160,15 @@ def test_a_slime_import_loads_each_dump_once(tmp_path, monkeypatch):
     # the damaged file is loaded once (to be reported); the evaluation dump never (its first keys suffice)
     assert sorted(loaded) == ["rollout_1.pt", "rollout_2.pt", "train_1_0.pt", "train_1_1.pt", "train_2_0.pt",
                               "train_3_0.pt"]
+
+
+def test_first_keys_that_lie_about_the_dump_are_overruled_by_the_full_load(tmp_path):
+    # a tuple of three before the samples reads, opcode by opcode, as more keys: a per-rank train dump
+    folder = tmp_path / "slime"
+    folder.mkdir()
+    sample = {"group_index": 0, "index": 0, "tokens": [5, 6, 7], "response_length": 2, "reward": 1.0,
+              "rollout_log_probs": [-0.25, -0.5]}
+    torch.save({"rollout_id": 1, "meta": ("a", "rollout_data", {}), "samples": [sample]}, folder / "rollout_1.pt")
+    assert leading_items(folder / "rollout_1.pt") == {"rollout_id": 1, "meta": "a", "rollout_data": dict}
+    report = import_run("slime", folder, tmp_path / "logs", "run")
+    assert report.imported == [1] and report.problems == []  # read as the rollout dump it is

@@ -109,21 +109,22 @@ def slime_steps(folder: Path, ctx: ReadContext) -> Iterator[Step]:
     for step in sorted(by_step):
         if ctx.after is not None and step <= ctx.after:
             continue
-        rows = _step_rows(by_step[step], ctx)
+        rows = _step_rows(step, by_step[step], ctx)
         if rows:
             names = sorted(p.name for p in by_step[step])
             yield step_tables(step, samples_from_rows(rows), ctx, vocabulary,
                               {"source": SOURCE, "source_files": names})
 
 
-def _step_rows(files: list[Path], ctx: ReadContext) -> list[dict]:
+def _step_rows(step: int, files: list[Path], ctx: ReadContext) -> list[dict]:
     rollout, train, raw_reward, shown = [], {}, None, {}
     for path in files:
         data = _load(path, ctx)
-        kind = _kind(path, data) if data is not None else None
-        if kind in (None, "eval"):  # unreadable (reported), or not what its first keys said
-            if data is not None:
-                ctx.report.problems.append(f"{path.name}: not the dump its first keys announced; skipped")
+        if data is None:  # reported
+            continue
+        kind = _kind(path, data)
+        if kind in (None, "eval") or data["rollout_id"] != step:  # not what its first keys announced
+            ctx.report.problems.append(f"{path.name}: not the dump its first keys announced; skipped")
             continue
         if kind == "rollout":
             rollout = [s for s in data["samples"] if isinstance(s, dict)]
