@@ -100,7 +100,7 @@ def samples_from_rows(rows: list[dict[str, Any]]) -> pa.Table:
 def _list_array(values: list[np.ndarray | None], list_type: pa.ListType) -> pa.Array:
     """One list per row from numpy arrays, concatenated once (no Python per token); NaN values become nulls."""
     lengths = np.array([0 if v is None else len(v) for v in values], dtype=np.int32)  # (n,)
-    offsets = pa.array(np.concatenate([[0], np.cumsum(lengths, dtype=np.int32)]))  # (n + 1,)
+    offsets = pa.array(np.concatenate([np.zeros(1, np.int32), np.cumsum(lengths, dtype=np.int32)]))  # (n + 1,)
     present = [v for v in values if v is not None]
     flat = np.concatenate(present) if present else np.zeros(0)  # (N,)
     missing = np.isnan(flat) if flat.dtype.kind == "f" else None
