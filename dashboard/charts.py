@@ -300,18 +300,28 @@ def zero_line() -> dict:
             "line": {"color": "#888", "width": 1}}
 
 
+def _bin_hover(bin_width: int) -> str:
+    """The hover's words for a heatmap column: a token, or a bin of `bin_width` tokens around %{x}."""
+    return "token %{x}" if bin_width == 1 else f"tokens %{{x}} ± {(bin_width - 1) / 2:g} (mean of the bin)"
+
+
+def _spread(arrays, centre: float) -> float:
+    """How far the finite values of `arrays` reach from `centre` (1 when none do): a scale centred at `centre`."""
+    finite = [a[np.isfinite(a)].ravel() for a in arrays]
+    finite = np.concatenate(finite) if finite else np.zeros(0)
+    return (float(np.abs(finite - centre).max()) if finite.size else 0.0) or 1.0
+
+
 def weight_heatmaps(weights: dict[str, np.ndarray], row_labels: list[str], centre: float = 0.0,
                     label: str = "grad weight", positions: np.ndarray | None = None, bin_width: int = 1
                     ) -> go.Figure:
     """Side-by-side heatmaps of a weight (B, T) per algorithm or correction on one shared scale centred at
     `centre` (0 for gradient weights, 1 for IS weights and masks). Long completions come binned
     (`dashboard.recompute.binned_columns`): `positions`, the centre of each column's bin of `bin_width` tokens."""
-    where = "token %{x}" if bin_width == 1 else f"tokens %{{x}} ± {(bin_width - 1) / 2:g} (mean of the bin)"
+    where = _bin_hover(bin_width)
     names = list(weights)
     rows, cols = _grid(len(names), cols=3)
-    finite = np.concatenate([w[np.isfinite(w)].ravel() for w in weights.values()] or [np.zeros(1)])
-    spread = float(np.abs(finite - centre).max()) if finite.size else 1.0
-    spread = spread or 1.0
+    spread = _spread(weights.values(), centre)
     row_height = 40 + 16 * len(row_labels)  # pixels per panel, so labels stay readable for any B
     height = rows * (row_height + 70) + 40
     grid = Subplots(rows, cols, names, hspace=0.02, vspace=70 / height)
@@ -338,11 +348,10 @@ def stacked_weight_heatmap(weights: dict[str, np.ndarray], row_labels: list[str]
     rows of the k-th correction, labelled "<correction> · <row label>"), on one scale centred at `centre`.
     One trace instead of a panel each: a browser draws twenty panels in 0.4-0.8 s, this in 0.15 s. Sent as float32
     (a weight needs no more digits than the hover's three); NaN (padding) leaves the cell blank."""
-    where = "token %{x}" if bin_width == 1 else f"tokens %{{x}} ± {(bin_width - 1) / 2:g} (mean of the bin)"
+    where = _bin_hover(bin_width)
     names, rows = list(weights), len(row_labels)
     z = np.concatenate([np.asarray(weights[name], dtype=np.float32) for name in names])  # (C * B, T)
-    finite = z[np.isfinite(z)]
-    spread = (float(np.abs(finite - centre).max()) if finite.size else 0.0) or 1.0
+    spread = _spread([z], centre)
     y = [f"{name} · {row}" for name in names for row in row_labels]  # (C * B,) one category per row
     row_px = max(5, min(16, 120 // max(rows, 1)))
     return go.Figure(

@@ -173,7 +173,7 @@ def _array(value: Any, dtype: type) -> np.ndarray | None:
     except (TypeError, ValueError):  # None, text... among numbers: each value on its own
         if dtype is not np.float64:
             raise
-        array = np.array([np.nan if finite(v) is None else finite(v) for v in value], dtype=np.float64)
+        array = np.array([np.nan if (number := finite(v)) is None else number for v in value], dtype=np.float64)
     if array.ndim != 1:
         raise ValueError(f"{array.ndim}-dimensional")
     if dtype is np.float64:
