@@ -30,7 +30,7 @@ if TYPE_CHECKING:
 __all__ = ["IMPOSSIBLE", "KNOBS", "SCHEMES", "CorrectionEffect", "WeighedForCharts", "Weighting", "advantage_schemes",
            "author_knobs", "batch_from_tokens", "binned", "binned_columns", "chunked_effects", "clip_fraction_row",
            "clip_region", "column_bins", "correction_effects", "correction_table", "for_charts", "process_sandbox",
-           "sample_positions", "weigh", "weight_curves", "whitened"]
+           "row_local", "sample_positions", "weigh", "weight_curves", "whitened"]
 
 KNOBS = ("eps_low", "eps_high", "beta")
 
@@ -61,21 +61,51 @@ def batch_from_tokens(tokens: pd.DataFrame, float32: bool = False) -> LoggedBatc
     return as_batch(tokens, torch.float32 if float32 else torch.float64)
 
 
-def weigh(batch: LoggedBatch, algo: str, overrides: dict) -> Weighting:
-    """Call policy_loss for one algorithm and keep its per-token diagnostics."""
-    from engine.objectives import policy_loss
+def row_local(algo: str, overrides: dict) -> bool:
+    """Whether `algo`'s per-token weights depend on nothing but their own completion once the batch's normalisers
+    are given (`engine.objectives.BatchTotals`): every objective but the covariance rules (Clip-Cov, KL-Cov select
+    by the whole batch's covariance) and a `top_entropy_quantile` below 1 (the batch's entropy quantile)."""
+    return objective(algo).covariance is None and resolve(algo, **overrides)["top_entropy_quantile"] >= 1.0
 
-    out = policy_loss(algo, batch.logp, batch.old_logp, batch.advantages, batch.mask, ref_logp=batch.ref_logp,
-                      entropy=batch.entropy, **overrides)
-    on = batch.mask.numpy() > 0
-    weight = out.grad_weight.numpy()
-    return Weighting(
-        grad_weight=np.where(on, weight, np.nan),
-        clip=np.where(on, out.clip.numpy().astype(int), -1),
-        ratio=np.where(on, out.ratio.numpy(), np.nan),
-        total_weight=weight.sum(1),
-        params=out.params,
-    )
+
+def weigh(batch: LoggedBatch, algo: str, overrides: dict, rows: int = 32) -> Weighting:
+    """Call policy_loss for one algorithm and keep its per-token diagnostics.
+
+    A row-local objective (`row_local`) is asked `rows` completions at a time, shortest first, each chunk cut to its
+    own longest completion and given the whole batch's normalisers: the same weights as one call on the whole batch,
+    without computing the padding (a step of long completions is mostly padding: 256 x 16k cells for 0.8M tokens).
+    """
+    import torch
+
+    from engine.objectives import BatchTotals, policy_loss
+
+    on = batch.mask.numpy() > 0  # (B, T)
+    B, T = on.shape
+    grad_weight, ratio = np.full((B, T), np.nan), np.full((B, T), np.nan)
+    clip = np.full((B, T), -1)
+    params = {}
+    extent = np.where(on.any(1), T - np.argmax(on[:, ::-1], axis=1), 1)  # (B,) last token's position + 1
+    if row_local(algo, overrides):
+        order = np.argsort(extent, kind="stable")
+        chunks = [order[i:i + rows] for i in range(0, B, rows)]
+        totals = BatchTotals(rows=float(B), tokens=float(on.sum()), width=float(T))
+    else:
+        chunks, totals = [np.arange(B)], None
+    for chunk in chunks:
+        width = int(extent[chunk].max()) if totals is not None else T
+        index = torch.from_numpy(chunk)
+        logp, old_logp, advantages, mask, ref_logp, entropy = (
+            None if x is None else x[index, :width]
+            for x in (batch.logp, batch.old_logp, batch.advantages, batch.mask, batch.ref_logp, batch.entropy))
+        out = policy_loss(algo, logp, old_logp, advantages, mask, ref_logp=ref_logp, entropy=entropy, totals=totals,
+                          **overrides)
+        part_on = on[chunk, :width]
+        grad_weight[chunk, :width] = np.where(part_on, out.grad_weight.numpy(), np.nan)
+        ratio[chunk, :width] = np.where(part_on, out.ratio.numpy(), np.nan)
+        clip[chunk, :width] = np.where(part_on, out.clip.numpy(), -1)
+        params = out.params
+    return Weighting(grad_weight=grad_weight, clip=clip, ratio=ratio, total_weight=np.nansum(grad_weight, axis=1),
+                     params=params)
 
 
 def clip_fraction_row(algo: str, weighting: Weighting) -> dict:

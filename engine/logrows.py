@@ -398,35 +398,35 @@ def batch_from_tokens(tokens: pd.DataFrame, dtype: torch.dtype = torch.float64) 
     `dtype`: the tensors' (float32, what a trainer computes in, halves the memory of a step of long completions)."""
     import pandas as pd  # only the reading side needs it; the trainer does not pay for importing it
 
-    rollout_ids = sorted(int(r) for r in tokens["rollout_id"].unique())
-    row_of = {r: i for i, r in enumerate(rollout_ids)}
-    rows = tokens["rollout_id"].map(row_of).to_numpy()
-    cols = tokens["position"].to_numpy(dtype=int)
-    B, T = len(rollout_ids), int(cols.max()) + 1 if len(cols) else 1
+    ids, rows = np.unique(tokens["rollout_id"].to_numpy(dtype=np.int64), return_inverse=True)
+    cols = tokens["position"].to_numpy(dtype=np.int64)
+    B, T = len(ids), int(cols.max()) + 1 if len(cols) else 1
+    np_dtype = torch.empty(0, dtype=dtype).numpy().dtype
 
-    def grid(column: str, fill: float = 0.0) -> np.ndarray:
-        out = np.full((B, T), fill, dtype=np.float64)  # (B, T)
-        out[rows, cols] = pd.to_numeric(tokens[column], errors="coerce").to_numpy(dtype=float)
-        return np.nan_to_num(out, nan=fill)
+    def values(column: str) -> np.ndarray:
+        """The column per token row, NaN where it is missing (the long rows: cheaper than a (B, T) grid)."""
+        return pd.to_numeric(tokens[column], errors="coerce").to_numpy(dtype=float, na_value=np.nan)
 
-    mask = np.zeros((B, T))
-    mask[rows, cols] = 1.0
-    old = grid("old_logp")
+    def grid(per_token: np.ndarray, padding: np.ndarray | float = 0.0) -> torch.Tensor:
+        out = np.full((B, T), padding, dtype=np_dtype) if np.isscalar(padding) else padding.copy()  # (B, T)
+        out[rows, cols] = per_token
+        return torch.from_numpy(out)
+
+    old = np.nan_to_num(values("old_logp"))
     # Eval rollouts or steps without passes: the policy has not moved, so the new log-prob is the old one.
-    new = np.where(np.isnan(grid("new_logp", np.nan)), old, grid("new_logp")) if "new_logp" in tokens else old
+    moved = values("new_logp") if "new_logp" in tokens else np.full(len(old), np.nan)
+    new = np.where(np.isnan(moved), old, np.nan_to_num(moved))
     has_ref = "ref_logp" in tokens and tokens["ref_logp"].notna().any()
     has_entropy = "entropy" in tokens and tokens["entropy"].notna().any()
-
-    def as_tensor(values: np.ndarray) -> torch.Tensor:
-        return torch.tensor(values, dtype=dtype)
-
+    logp = grid(new)
+    mask = grid(np.ones(len(cols)))
     return LoggedBatch(
-        rollout_ids=rollout_ids,
-        logp=as_tensor(new),
-        old_logp=as_tensor(old),
-        ref_logp=as_tensor(np.where(mask > 0, grid("ref_logp"), new)) if has_ref else None,
-        entropy=as_tensor(grid("entropy")) if has_entropy else None,
-        advantages=as_tensor(grid("advantage")),
-        mask=as_tensor(mask),
-        lengths=mask.sum(1).astype(int),
+        rollout_ids=[int(r) for r in ids],
+        logp=logp,
+        old_logp=grid(old),
+        ref_logp=grid(np.nan_to_num(values("ref_logp")), logp.numpy()) if has_ref else None,  # padding: KL 0
+        entropy=grid(np.nan_to_num(values("entropy"))) if has_entropy else None,
+        advantages=grid(np.nan_to_num(values("advantage"))),
+        mask=mask,
+        lengths=np.bincount(rows, minlength=B).astype(int),
     )

@@ -8,6 +8,7 @@ import pytest
 from test_dashboard import array, open_page, page_without_torch, plotly_spec, table
 
 from dashboard import recompute
+from engine.algorithms import ALGORITHMS
 
 RATIO_MAX = 3.5
 
@@ -151,3 +152,56 @@ def test_weighting_page_draws_its_pickers_before_torch(trained):
     assert page["exceptions"] == [] and page["headers"] == ["Algorithm weighting"] and not page["torch"], page
     assert "weigh_algorithms" in page["pickers"] and any(k.startswith("weigh_knobs") for k in page["editors"]), page
     assert len(page["errors"]) == 1 and "torch is not importable" in page["errors"][0], page
+
+
+def _ragged_batch(seed: int = 0):
+    """A LoggedBatch (engine.logrows) of 9 completions of 1-40 tokens, one with a masked hole (tool tokens), the
+    log-probs moved by a pass, a reference and entropies: float64, as `batch_from_tokens` builds it."""
+    import torch
+
+    from engine.logrows import LoggedBatch
+
+    g = torch.Generator().manual_seed(seed)
+    lengths = [40, 3, 17, 1, 28, 9, 33, 12, 5]
+    B, T = len(lengths), max(lengths)
+    mask = (torch.arange(T)[None, :] < torch.tensor(lengths)[:, None]).double()  # (B, T)
+    mask[4, 10:14] = 0.0  # a hole inside the 5th completion
+    old = -torch.rand(B, T, generator=g, dtype=torch.float64) * 3  # (B, T)
+    logp = old + torch.randn(B, T, generator=g, dtype=torch.float64) * 0.4
+    advantages = (torch.randn(B, 1, generator=g, dtype=torch.float64) * mask).expand(B, T).contiguous()
+    return LoggedBatch(rollout_ids=list(range(B)), logp=logp * mask, old_logp=old * mask,
+                       ref_logp=logp + torch.randn(B, T, generator=g, dtype=torch.float64) * 0.1,
+                       entropy=torch.rand(B, T, generator=g, dtype=torch.float64) * 2 * mask, advantages=advantages,
+                       mask=mask, lengths=mask.sum(1).numpy().astype(int))
+
+
+@pytest.mark.parametrize("algo", ALGORITHMS)
+def test_weighing_a_few_completions_at_a_time_gives_the_whole_batch_answer(algo):
+    """`recompute.weigh` asks a row-local objective two completions at a time, each pair cut to its own longest:
+    every token's gradient weight, ratio and clip code and every completion's total are those of one `policy_loss`
+    call on the whole padded batch (token-mean, seq-mean and seq-mean-token-sum-norm normalisers included: each
+    algorithm's own aggregation is used, and dapo's is token-mean, Dr. GRPO's seq-mean-token-sum-norm)."""
+    import torch
+
+    from engine.objectives import policy_loss
+
+    batch = _ragged_batch()
+    overrides = {"beta": 0.04}  # the KL term's weight too
+    torch.manual_seed(1)  # Clip-Cov's random choice: the same on both sides (it is weighed in one call)
+    chunked = recompute.weigh(batch, algo, overrides, rows=2)
+    torch.manual_seed(1)
+    whole = policy_loss(algo, batch.logp, batch.old_logp, batch.advantages, batch.mask, ref_logp=batch.ref_logp,
+                        entropy=batch.entropy, **overrides)
+    on = batch.mask.numpy() > 0
+    np.testing.assert_allclose(chunked.grad_weight[on], whole.grad_weight.numpy()[on], rtol=1e-12, atol=1e-15)
+    np.testing.assert_allclose(chunked.ratio[on], whole.ratio.numpy()[on], rtol=1e-12)
+    np.testing.assert_array_equal(chunked.clip[on], whole.clip.numpy()[on])
+    np.testing.assert_allclose(chunked.total_weight, whole.grad_weight.numpy().sum(1), rtol=1e-12, atol=1e-15)
+    assert np.isnan(chunked.grad_weight[~on]).all() and (chunked.clip[~on] == -1).all()
+    assert np.abs(chunked.grad_weight[on]).max() > 0
+
+
+def test_only_the_rules_that_look_at_the_whole_batch_are_weighed_whole():
+    assert not recompute.row_local("clip_cov", {}) and not recompute.row_local("kl_cov", {})
+    assert not recompute.row_local("grpo", {"top_entropy_quantile": 0.2})  # the batch's entropy quantile
+    assert recompute.row_local("grpo", {}) and recompute.row_local("gspo", {}) and recompute.row_local("aspo", {})
