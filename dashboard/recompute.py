@@ -362,8 +362,8 @@ class CorrectionEffect:
 
 
 def _token_grid(tokens: pd.DataFrame) -> tuple[list[int], torch.Tensor, torch.Tensor, torch.Tensor]:
-    """(rollout ids, log_ratio, mask, advantages), each (B, T) float32 (as the trainer's tensors), from
-    `data.sampler_tokens` rows."""
+    """(rollout ids, log_ratio, mask, advantages), each (B, T), float32 (as the trainer's tensors) but the mask (bool:
+    no correction has to check that it is 0/1), from `data.sampler_tokens` rows."""
     import torch
 
     ids, rows = np.unique(tokens["rollout_id"].to_numpy(dtype=np.int64), return_inverse=True)
@@ -374,8 +374,8 @@ def _token_grid(tokens: pd.DataFrame) -> tuple[list[int], torch.Tensor, torch.Te
         grid = np.zeros(shape, dtype=np.float32)  # (B, T)
         grid[rows, cols] = np.nan_to_num(pd.to_numeric(tokens[column], errors="coerce").to_numpy(dtype=float))
         grids.append(torch.from_numpy(grid))
-    mask = np.zeros(shape, dtype=np.float32)
-    mask[rows, cols] = 1.0
+    mask = np.zeros(shape, dtype=bool)
+    mask[rows, cols] = True
     return [int(i) for i in ids], grids[0], torch.from_numpy(mask), grids[1]
 
 

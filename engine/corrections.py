@@ -92,7 +92,7 @@ def _inputs(log_ratio: torch.Tensor, mask: torch.Tensor, nan_ok: bool = False) -
                          "the same shape")
     if not log_ratio.is_floating_point():
         raise ValueError(f"log_ratio has dtype {log_ratio.dtype}; accepted: a floating-point dtype")
-    if not bool(((mask == 0) | (mask == 1)).all()):
+    if mask.dtype != torch.bool and not bool(((mask == 0) | (mask == 1)).all()):  # a bool mask is 0/1 by type
         raise ValueError("mask contains values other than 0 and 1; accepted: a 0/1 (or bool) mask")
     on = mask.to(device=log_ratio.device).bool()
     if not nan_ok:
