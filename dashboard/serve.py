@@ -8,10 +8,16 @@ objectives or corrections). Without it the first visit waited for all of that af
 Nothing is imported on the thread while Streamlit imports its own modules: plotly looks pandas up in `sys.modules`
 without waiting for it, so importing pandas there while Streamlit imported plotly once stopped the server. torch
 waits for Streamlit's runtime to exist (the server is then past its imports).
+
+torch computes on one thread here (OMP_NUM_THREADS=1 unless set): what the pages ask of it (objectives and
+corrections, 32 completions at a time) is a few hundred small operations, and torch's second thread waits, spinning,
+for a core the browser is drawing on: a step's table of corrections took 0.87 s on two threads with the other core
+busy, 0.31 s on one (0.28 s on two with it idle).
 """
 
 from __future__ import annotations
 
+import os
 import sys
 import threading
 import time
@@ -36,6 +42,8 @@ def main(argv: list[str]) -> None:
     from streamlit.web import cli
 
     from dashboard import charts, common, queries  # noqa: F401  pandas, pyarrow, DuckDB, plotly, streamlit
+
+    os.environ.setdefault("OMP_NUM_THREADS", "1")  # read by torch when it is imported (see above)
 
     # the folder exactly as the app will name it (the reader's cache key)
     logs_dir = common.logs_dir(argv[argv.index("--") + 1:] if "--" in argv else [])
