@@ -554,30 +554,39 @@ def eval_prompts(reader, run: str) -> pd.DataFrame:
     )
 
 
-def eval_prompt_history(reader, run: str, prompt_id: int) -> pd.DataFrame:
-    """Every eval answer of one run to one prompt, step by step."""
+EVAL_PREVIEW_CHARS = 300
+"""Characters of each eval answer the Replay page's tables receive: a table cell shows a glance of a reasoning
+answer (7k characters on average, 36k at most, in the long benchmark run), and the history of a 140-step run sent
+whole at every step of a replay was megabytes."""
+
+
+def eval_prompt_history(reader, run: str, prompt_id: int, chars: int = EVAL_PREVIEW_CHARS) -> pd.DataFrame:
+    """Every eval answer of one run to one prompt, step by step, each cut to its first `chars` characters by DuckDB;
+    `completion_chars` is the whole answer's length in characters."""
     return reader.sql(
-        """SELECT step, index_in_group AS sample, completion, reward, reward_correct, length, truncated, rollout_id
-           FROM rollouts WHERE run = ? AND kind = 'eval' AND prompt_id = ? ORDER BY step, index_in_group""",
-        [run, prompt_id],
+        """SELECT step, index_in_group AS sample, left(completion, $chars) AS completion,
+                  length(completion) AS completion_chars, reward, reward_correct, length, truncated, rollout_id
+           FROM rollouts WHERE run = $run AND kind = 'eval' AND prompt_id = $prompt ORDER BY step, index_in_group""",
+        {"run": run, "prompt": prompt_id, "chars": chars},
     )
 
 
-def eval_prompt_across_runs(reader, task: str, prompt_id: int, step: int) -> pd.DataFrame:
+def eval_prompt_across_runs(reader, task: str, prompt_id: int, step: int, chars: int = EVAL_PREVIEW_CHARS
+                            ) -> pd.DataFrame:
     """Every run on the same task answering one eval prompt, each at its latest evaluation at or before `step`
-    (runs evaluate every few steps, not necessarily on the same ones)."""
+    (runs evaluate every few steps, not necessarily on the same ones); answers cut as in `eval_prompt_history`."""
     return reader.sql(
         """
         WITH answers AS (
-            SELECT r.run, x.algorithm, r.step, r.index_in_group AS sample, r.completion, r.reward,
-                   r.reward_correct, r.length
+            SELECT r.run, x.algorithm, r.step, r.index_in_group AS sample, left(r.completion, $chars) AS completion,
+                   length(r.completion) AS completion_chars, r.reward, r.reward_correct, r.length
             FROM rollouts r JOIN runs x ON x.run = r.run
-            WHERE x.task = ? AND r.kind = 'eval' AND r.prompt_id = ? AND r.step <= ?
+            WHERE x.task = $task AND r.kind = 'eval' AND r.prompt_id = $prompt AND r.step <= $step
         ), latest AS (SELECT run, max(step) AS step FROM answers GROUP BY run)
         SELECT a.* FROM answers a JOIN latest l ON l.run = a.run AND l.step = a.step
         ORDER BY a.run, a.sample
         """,
-        [task, prompt_id, step],
+        {"task": task, "prompt": prompt_id, "step": step, "chars": chars},
     )
 
 

@@ -14,7 +14,7 @@ import numpy as np
 import pandas as pd
 import pytest
 from conftest import settle_run_logs
-from test_dashboard import array, dataframe, independent, open_page, plotly_spec
+from test_dashboard import array, dataframe, independent, open_page, plotly_spec, table
 
 from dashboard import advantage_charts, data, recompute
 from dashboard.tokens import visible_text
@@ -302,3 +302,25 @@ def test_replay_step_move_reads_the_new_step_only_and_no_text_but_the_groups(log
                              ("step_rollout_numbers", (1, "train"))]
     assert len(next(t.value for t in at.table if "completion" in t.value.columns)) == 3  # the group's table
 
+
+
+def test_replay_tables_receive_a_glance_of_each_long_eval_answer(tmp_path, monkeypatch):
+    """A reasoning run's eval answers are thousands of characters: the history of every step (sent again at each
+    step of a replay) and the runs side by side receive each answer's first `data.EVAL_PREVIEW_CHARS` characters
+    and its whole length, not the answer."""
+    from engine.runlog import RunWriter
+
+    answers = [f"step {s}: " + "reasoning " * 900 + f"answer {s}" for s in range(3)]  # ~9,000 characters each
+    with RunWriter.create(tmp_path, RUN, algorithm="grpo", task="t", config={}, model="m") as writer:
+        for step, answer in enumerate(answers):
+            writer.log_step(step, metrics={"reward_mean": 0.5}, rollouts={
+                "rollout_id": [0, 1], "group_id": [0, 1000], "index_in_group": [0, 0], "kind": ["train", "eval"],
+                "prompt_id": [step + 10, 0], "prompt": ["Solve 2x = 4", "Solve 3x = 9"],
+                "completion": ["x = 2", answer], "reward": [1.0, 0.0], "advantage": [0.0, 0.0], "length": [3, 2000]})
+    settle_run_logs()
+    at = open_page(tmp_path, "replay", monkeypatch, run=RUN, step=1)
+    history = table(at, "step", "completion", "completion_chars", "at")
+    assert history["completion"].tolist() == [a[: data.EVAL_PREVIEW_CHARS] for a in answers]
+    assert history["completion_chars"].tolist() == [str(len(a)) for a in answers]
+    across = table(at, "run", "completion", "completion_chars")
+    assert across["completion"].tolist() == [answers[1][: data.EVAL_PREVIEW_CHARS]]  # its latest at step 1

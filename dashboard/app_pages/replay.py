@@ -95,6 +95,8 @@ def follow_eval_prompt(step: int) -> None:
     others = common.load("other runs", queries.eval_prompt_across_runs, logs, selection.task, prompt_id, step)
     across_runs.markdown(f"**Every {common.md(selection.task)} run at step {step}** (its latest evaluation so far)")
     common.static_table(across_runs, others)
+    st.caption(f"Each answer's first {data.EVAL_PREVIEW_CHARS} characters; completion_chars: the whole answer's "
+               "length. The whole answer, token by token: the Token inspector at its step.")
 
 
 replay_panel()
