@@ -44,9 +44,9 @@ def author_knobs(algorithms=ALGORITHMS) -> pd.DataFrame:
 class Weighting:
     """What one algorithm does to a batch."""
 
-    grad_weight: np.ndarray  # (B, T), NaN on padding
-    clip: np.ndarray  # (B, T) int codes, -1 on padding
-    ratio: np.ndarray  # (B, T) the ratio the algorithm used, NaN on padding
+    grad_weight: np.ndarray  # (B, T) in the batch's dtype, NaN on padding
+    clip: np.ndarray  # (B, T) int8 codes, -1 on padding
+    ratio: np.ndarray  # (B, T) the ratio the algorithm used, in the batch's dtype, NaN on padding
     total_weight: np.ndarray  # (B,) sum of a completion's gradient weights
     params: dict
 
@@ -81,8 +81,9 @@ def weigh(batch: LoggedBatch, algo: str, overrides: dict, rows: int = 32) -> Wei
 
     on = batch.mask.numpy() > 0  # (B, T)
     B, T = on.shape
-    grad_weight, ratio = np.full((B, T), np.nan), np.full((B, T), np.nan)
-    clip = np.full((B, T), -1)
+    dtype = batch.logp.numpy().dtype  # float32 on the page: a step of long completions is 256 x 16k cells
+    grad_weight, ratio = np.full((B, T), np.nan, dtype), np.full((B, T), np.nan, dtype)
+    clip, total_weight = np.full((B, T), -1, np.int8), np.zeros(B)
     params = {}
     extent = np.where(on.any(1), T - np.argmax(on[:, ::-1], axis=1), 1)  # (B,) last token's position + 1
     if row_local(algo, overrides):
@@ -103,9 +104,9 @@ def weigh(batch: LoggedBatch, algo: str, overrides: dict, rows: int = 32) -> Wei
         grad_weight[chunk, :width] = np.where(part_on, out.grad_weight.numpy(), np.nan)
         ratio[chunk, :width] = np.where(part_on, out.ratio.numpy(), np.nan)
         clip[chunk, :width] = np.where(part_on, out.clip.numpy(), -1)
+        total_weight[chunk] = out.grad_weight.sum(-1, dtype=torch.float64).numpy()  # 0 on padding
         params = out.params
-    return Weighting(grad_weight=grad_weight, clip=clip, ratio=ratio, total_weight=np.nansum(grad_weight, axis=1),
-                     params=params)
+    return Weighting(grad_weight=grad_weight, clip=clip, ratio=ratio, total_weight=total_weight, params=params)
 
 
 def clip_fraction_row(algo: str, weighting: Weighting) -> dict:
