@@ -80,24 +80,28 @@ knob_table = st.data_editor(  # keyed by the choice: edited knobs belong to the 
 )
 
 
+@st.cache_resource(ttl=queries.STEP_TTL, max_entries=1, show_spinner=False)
+def step_batch(logs: str, run: str, step: int, rollout_ids: tuple, update: int):
+    """The Batch (engine.logrows) of the tokens with a position, or None without any. The last one asked is kept
+    (one in the whole server, shared, not copied: nothing modifies it): editing a knob or adding an algorithm
+    weighs the same tokens again, and reading and batching a step of long completions took 0.3 s of it (float32:
+    about 100 MB for 256 completions of up to 16k tokens)."""
+    tokens = queries.weighed_tokens(logs, run, step, rollout_ids, update)
+    tokens = tokens[tokens["position"].notna()]  # a token logged without its position has no place in (B, T)
+    return None if tokens.empty else recompute.batch_from_tokens(tokens, float32=True)
+
+
 class StepTokens:
-    """The objectives' inputs for the chosen tokens (run, step, rollouts, update), read and batched at most once per
-    page run, and only when some answer is not cached: a whole step of long completions is hundreds of MB, so no
-    cache keeps it, and the answers computed from it (`weighed_tokens`, `weigh_one`) are kilobytes."""
+    """The objectives' inputs for the chosen tokens (run, step, rollouts, update), asked for only when some answer
+    is not cached: the answers (`weighed_tokens`, `weigh_one`) are kilobytes, kept per tokens and knobs; the tokens
+    themselves, hundreds of MB for a whole step of long completions, only the last ones (`step_batch`)."""
 
     def __init__(self, logs: str, run: str, step: int, rollout_ids: tuple, update: int):
         self.key = (logs, run, step, rollout_ids, update)
-        self._read = False
-        self._batch = None
 
     def batch(self):
         """The Batch (engine.logrows) of the tokens with a position, or None without any."""
-        if not self._read:
-            tokens = queries.weighed_tokens(*self.key)
-            tokens = tokens[tokens["position"].notna()]  # a token logged without its position has no place in (B, T)
-            self._batch = None if tokens.empty else recompute.batch_from_tokens(tokens, float32=True)
-            self._read = True
-        return self._batch
+        return step_batch(*self.key)
 
     @functools.cached_property
     def sample(self) -> np.ndarray:
@@ -163,7 +167,6 @@ for algo, overrides in knobs:
         results[algo] = result
     else:
         st.error(f"{algo}: {common.md(refusal)}")
-del step_tokens  # the batch, if it was read
 if not results:
     st.stop()
 
