@@ -908,7 +908,7 @@ def test_mismatch_page_shows_the_logged_gap_and_what_each_correction_does(traine
     assert dict(zip(array(kl_line["x"]).tolist(), array(kl_line["y"]).tolist(), strict=True)) == pytest.approx(logged)
 
     per_text = pd.DataFrame({"text": tokens["token_text"].to_numpy(), "outside": outside}).groupby("text")["outside"]
-    worst = dataframe(at, "token_text", "outside", "worst_rollout_id")
+    worst = table(at, "token_text", "outside", "worst_rollout_id")
     assert int(worst["outside"].iloc[0]) == int(per_text.sum().max())
     links = [link.proto for link in at.get("page_link") if link.proto.page == "tokens"]  # the Token inspector
     linked = [int(re.search(r"rollout=(\d+)", link.query_string).group(1)) for link in links]
