@@ -303,7 +303,6 @@ def test_replay_step_move_reads_the_new_step_only_and_no_text_but_the_groups(log
     assert len(next(t.value for t in at.table if "completion" in t.value.columns)) == 3  # the group's table
 
 
-
 def test_replay_tables_receive_a_glance_of_each_long_eval_answer(tmp_path, monkeypatch):
     """A reasoning run's eval answers are thousands of characters: the history of every step (sent again at each
     step of a replay) and the runs side by side receive each answer's first `data.EVAL_PREVIEW_CHARS` characters
