@@ -706,7 +706,7 @@ def sampler_tokens(reader, run: str, step: int, rollout_ids: tuple[int, ...] | N
     (`dashboard.mismatch`, `recompute.correction_effects`) does not depend on their order."""
     more = "t.token_text, t.old_logp, t.sampler_logp, t.sampler_logp_full, t.entropy," if everything else ""
     listed = rollout_ids is not None
-    return reader.sql(
+    return reader.arrow(
         f"""SELECT t.rollout_id, t.position, {more} t.old_logp - t.sampler_logp AS log_ratio, t.advantage
            FROM {TOKEN_ROWS} t SEMI JOIN (
                SELECT rollout_id FROM rollouts
@@ -716,5 +716,5 @@ def sampler_tokens(reader, run: str, step: int, rollout_ids: tuple[int, ...] | N
            WHERE {of_rollouts("t", listed=False) if listed else "t.run = $run AND t.step = $step"}
                  AND isfinite(t.old_logp - t.sampler_logp)""",
         rollouts_of_step(run, step, rollout_ids) if listed else {"run": run, "step": step},
-    )
+    ).to_pandas()  # through Arrow: the texts without DuckDB's slower conversion (RunReader.arrow)
 

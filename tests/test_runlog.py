@@ -472,8 +472,9 @@ def test_sql_is_read_only_over_the_run_s_data(tmp_path, attack):
     r = RunReader(logs, runs="a")
     query = attack.format(outside=outside, run_dir=logs / "a", other_run=logs / "b")
     # Refused as such, not failing on the way (a download that could not connect, say).
-    with pytest.raises((duckdb.Error, RunLogError), match=r"Permission Error|read-only|locked|Cannot enable"):
-        r.sql(query)
+    for method in (r.sql, r.arrow):  # the same guards, whichever way the result comes back
+        with pytest.raises((duckdb.Error, RunLogError), match=r"Permission Error|read-only|locked|Cannot enable"):
+            method(query)
     assert sorted(p for p in tmp_path.rglob("*")) == before  # nothing written anywhere
     assert token_counts(r, "a") == {0: 12, 1: 12}  # and the tables still answer
     assert r.sql("SELECT run, status FROM runs").values.tolist() == [["a", "finished"]]
@@ -489,6 +490,9 @@ def test_reading_statements_are_all_allowed(tmp_path):
     assert len(r.sql("SUMMARIZE steps")) == len(TABLE_SCHEMAS["steps"])
     assert len(r.sql("EXPLAIN SELECT * FROM tokens")) == 1
     assert r.sql("""SELECT extra->>'custom' AS custom FROM steps ORDER BY step""").custom.tolist() == ["0", "1"]
+    query = "SELECT rollout_id, position, token_text, old_logp FROM tokens WHERE step = $step ORDER BY ALL"
+    arrow, frame = r.arrow(query, {"step": 1}), r.sql(query, {"step": 1})
+    assert arrow.num_rows == 12 and arrow.to_pandas().astype(object).equals(frame.astype(object))
 
 
 def test_unsafe_reader_is_a_full_shell_whose_tables_come_back(tmp_path):

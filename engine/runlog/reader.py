@@ -228,6 +228,11 @@ class RunReader:
         or without a file found damaged by it)."""
         return self._run(query, params, lambda result: result.df())
 
+    def arrow(self, query: str, params: Sequence[Any] | Mapping[str, Any] | None = None) -> pa.Table:
+        """Like `sql` but returns an Arrow table: text columns arrive without a Python object per value (a step's
+        0.75M token texts: 0.05 s to a DataFrame through Arrow, 0.2 s through DuckDB's own conversion)."""
+        return self._run(query, params, lambda result: result.to_arrow_table(), relation=True)
+
     def rows(self, query: str, params: Sequence[Any] | Mapping[str, Any] | None = None) -> tuple[list[str], list]:
         """Like `sql` but returns (column names, list of row tuples), without pandas."""
         return self._run(query, params, lambda result: ([d[0] for d in result.description], result.fetchall()))
@@ -237,12 +242,16 @@ class RunReader:
         held-out accuracy with its step (heldout_accuracy, heldout_step), created_at, updated_at, config."""
         return self.rows(_RUNS_OVERVIEW_SQL) if as_rows else self.sql(_RUNS_OVERVIEW_SQL)
 
-    def _run(self, query: str, params: Any, fetch: Callable[[duckdb.DuckDBPyConnection], Any]) -> Any:
+    def _run(self, query: str, params: Any, fetch: Callable[[Any], Any], relation: bool = False) -> Any:
+        """`fetch` of the query's result: its connection after `execute`, or, with `relation` (a query that only
+        reads), its relation (`DuckDBPyConnection.sql`), whose Arrow output is not copied once more."""
         with self._lock:
             writes = self._check_statements(query)
             self.refresh()
             for attempt in range(4):
                 try:
+                    if relation and not writes:
+                        return fetch(self._con.sql(query, params=params))
                     return fetch(self._con.execute(query, params))
                 except duckdb.PermissionException as err:
                     if self.unsafe:
