@@ -16,7 +16,8 @@ medians of `--repeat` (browser, server and DuckDB share the machine, as they wou
 - reload: the same tab reloaded (server and browser warm);
 - interactions: every widget of every page changed in turn (another option, a key press on a slider, a click, a
   new cell value), as the browser test does; the sidebar's run excepted; on the Token inspector first the text's
-  window moved three times (on a completion longer than one window).
+  window moved three times (on a completion longer than one window); Replay's player, once its Play is measured,
+  is turned off again, untimed, so that no tick of it lands in the next changes.
 The run's middle step is used (a step inside the largest compacted chunk, not the small newest folder); the Token
 inspector opens on the run's longest completion, at its step.
 For the loads and the window moves, the part until the server's last message is reported too (the server's
@@ -117,6 +118,16 @@ def server_memory_mb(port: int) -> float | None:
 
 
 RUN_PICKER = 'sidebar: stSelectbox "Run"'
+PLAY = 'main: stCheckbox "Play"'
+
+
+def stop_playing(page, watch) -> None:
+    """Turn Replay's player off (the widget driver turned it on; on a long run it would still be playing)."""
+    toggle = next((w for w in widgets.find_widgets(page) if w["name"] == PLAY), None)
+    if toggle is not None:
+        before = watch.count()
+        widgets.change(page, toggle)
+        widgets.wait_idle(page, watch, before)
 
 
 def record(results: dict[str, list[float]], name: str, seconds: float) -> None:
@@ -201,6 +212,8 @@ def measure(logs_dir: Path, run: str, step: int, longest: tuple[int, int], repea
                             break
                         if "not changed" not in widget:  # nothing else to choose: not an interaction
                             record(results, f"{name}: {widget}", seconds)
+                        if widget == PLAY:  # stopped again, untimed: the next changes are measured without a tick
+                            stop_playing(page, watch)  # of the player landing in them
                     context.close()
                     peak_memory.append(server_memory_mb(int(url.rsplit(":", 1)[1])))
         browser.close()
