@@ -74,6 +74,7 @@ def weigh(batch: LoggedBatch, algo: str, overrides: dict, rows: int = 32) -> Wei
     A row-local objective (`row_local`) is asked `rows` completions at a time, shortest first, each chunk cut to its
     own longest completion and given the whole batch's normalisers: the same weights as one call on the whole batch,
     without computing the padding (a step of long completions is mostly padding: 256 x 16k cells for 0.8M tokens).
+    Any other is asked once, on every completion.
     """
     import torch
 
@@ -86,14 +87,12 @@ def weigh(batch: LoggedBatch, algo: str, overrides: dict, rows: int = 32) -> Wei
     clip, total_weight = np.full((B, T), -1, np.int8), np.zeros(B)
     params = {}
     extent = np.where(on.any(1), T - np.argmax(on[:, ::-1], axis=1), 1)  # (B,) last token's position + 1
-    if row_local(algo, overrides):
-        order = np.argsort(extent, kind="stable")
-        chunks = [order[i:i + rows] for i in range(0, B, rows)]
-        totals = BatchTotals(rows=float(B), tokens=float(on.sum()), width=float(T))
-    else:
-        chunks, totals = [np.arange(B)], None
-    for chunk in chunks:
-        width = int(extent[chunk].max()) if totals is not None else T
+    local = row_local(algo, overrides)
+    order, size = (np.argsort(extent, kind="stable"), rows) if local else (np.arange(B), max(B, 1))
+    totals = BatchTotals(rows=float(B), tokens=float(on.sum()), width=float(T))  # the whole batch's, in every call
+    for start in range(0, B, size):
+        chunk = order[start:start + size]
+        width = int(extent[chunk].max())
         index = torch.from_numpy(chunk)
         logp, old_logp, advantages, mask, ref_logp, entropy = (
             None if x is None else x[index, :width]
