@@ -4,11 +4,13 @@
     python benchmarks/bench_import.py --samples 1000 --steps 1 --repeat 3
     python benchmarks/bench_import.py --format nemo-rl --export dumps/nemo-10k   # write once, reuse on later runs
     python benchmarks/bench_import.py --format slime --samples 1000 --steps 1
+    python benchmarks/bench_import.py --ids uniform --export dumps/prime-10k-uniform
 
 Writes a dump of N samples x T tokens (a quarter of them prompt, one prompt per 8 samples) in the format of
 prime-rl's TokenExporter (`token_exports/step_<N>/rank_<R>.jsonl`, commit 289562d2), NeMo-RL's
 `train_data_step<N>.jsonl` (commit 7ea279ab) or slime's debug rollout + train dumps (torch.save, format_version 2,
-commit d92cb5de), see engine/importers/, with random values. Then imports it `--repeat` times, each time in a
+commit d92cb5de), see engine/importers/, with random values and token ids drawn by Zipf's law (`--ids uniform`:
+the worst case, every id alike; see `token_draw`). Then imports it `--repeat` times, each time in a
 fresh process into a fresh logs folder, without --tokenizer, and reports the median: token rows written per second
 of wall time and per second of CPU time of the import (all threads; the machine may be shared: the load average
 is printed with them; the process's total, interpreter start and imports included, is printed too), and
@@ -20,6 +22,7 @@ and written together, so memory follows the step size, not the number of steps. 
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import math
 import os
@@ -35,22 +38,40 @@ from pathlib import Path
 FORMATS = ("prime-rl", "nemo-rl", "slime")
 
 
-def _sequences(samples: int, tokens: int, steps: int, seed: int = 0):
+VOCABULARY_SIZE = 151_936
+"""Token ids are drawn from a vocabulary of this size (Qwen2's, the policies most reasoning runs train)."""
+
+
+def token_draw(rng: random.Random, ids: str):
+    """`draw(k)`: k token ids. "zipf": the id of frequency rank r drawn with probability ~ 1/r (Zipf's law with
+    exponent 1, as words of a text; the ranks mapped to ids in random order), so a step of 750k tokens holds ~90k
+    distinct ids, most of them rare; "uniform": every id of the first 50,000 alike, the worst case for anything
+    kept per token text (a step's token texts x position buckets nearly all distinct)."""
+    if ids == "uniform":
+        return lambda k: [rng.randrange(50_000) for _ in range(k)]
+    by_rank = list(range(VOCABULARY_SIZE))
+    rng.shuffle(by_rank)
+    cumulative = list(itertools.accumulate(1 / rank for rank in range(1, VOCABULARY_SIZE + 1)))
+    return lambda k: rng.choices(by_rank, cum_weights=cumulative, k=k)
+
+
+def _sequences(samples: int, tokens: int, steps: int, ids: str, seed: int = 0):
     """(step, index in step, token ids, prompt length, per-token float lists) of every generated sample."""
     rng = random.Random(seed)
+    draw = token_draw(rng, ids)
     per_step, prompt = samples // steps, tokens // 4
     floats = [round(rng.uniform(-3, 0), 6) for _ in range(4096)]
-    ids: list[int] = []
+    prompt_ids: list[int] = []
     for step in range(1, steps + 1):
         for i in range(per_step):
             if i % 8 == 0:  # groups of 8 samples share a prompt
-                ids = [rng.randrange(50_000) for _ in range(prompt)]
+                prompt_ids = draw(prompt)
             off = rng.randrange(2048)
-            yield (step, i, ids + [rng.randrange(50_000) for _ in range(tokens - prompt)], prompt,
+            yield (step, i, prompt_ids + draw(tokens - prompt), prompt,
                    floats[off:off + tokens], floats[off + 1:off + 1 + tokens], floats[off + 2:off + 2 + tokens])
 
 
-def write_prime_rl(root: Path, samples: int, tokens: int, steps: int, ranks: int = 2) -> None:
+def write_prime_rl(root: Path, samples: int, tokens: int, steps: int, ids: str, ranks: int = 2) -> None:
     files: dict[int, object] = {}
 
     def finish_step() -> None:  # every rank's file written: the step is STABLE
@@ -58,7 +79,7 @@ def write_prime_rl(root: Path, samples: int, tokens: int, steps: int, ranks: int
             f.close()
             (Path(f.name).parent / "STABLE").touch()
 
-    for step, i, seq, prompt, sampler, trainer, entropy in _sequences(samples, tokens, steps):
+    for step, i, seq, prompt, sampler, trainer, entropy in _sequences(samples, tokens, steps, ids):
         if i == 0:
             finish_step()
             folder = root / "token_exports" / f"step_{step}"
@@ -77,10 +98,10 @@ def write_prime_rl(root: Path, samples: int, tokens: int, steps: int, ranks: int
     finish_step()
 
 
-def write_nemo_rl(root: Path, samples: int, tokens: int, steps: int) -> None:
+def write_nemo_rl(root: Path, samples: int, tokens: int, steps: int, ids: str) -> None:
     root.mkdir(parents=True)
     f = None
-    for step, i, seq, prompt, sampler, trainer, _ in _sequences(samples, tokens, steps):
+    for step, i, seq, prompt, sampler, trainer, _ in _sequences(samples, tokens, steps, ids):
         if i == 0:
             if f is not None:
                 f.close()
@@ -95,7 +116,7 @@ def write_nemo_rl(root: Path, samples: int, tokens: int, steps: int) -> None:
         f.close()
 
 
-def write_slime(root: Path, samples: int, tokens: int, steps: int) -> None:
+def write_slime(root: Path, samples: int, tokens: int, steps: int, ids: str) -> None:
     import torch
 
     root.mkdir(parents=True)
@@ -110,7 +131,7 @@ def write_slime(root: Path, samples: int, tokens: int, steps: int) -> None:
         train.clear()
 
     last = None
-    for step, i, seq, prompt, sampler, trainer, entropy in _sequences(samples, tokens, steps):
+    for step, i, seq, prompt, sampler, trainer, entropy in _sequences(samples, tokens, steps, ids):
         if last is not None and step != last:
             save(last)
         last, r = step, tokens - prompt
@@ -128,6 +149,8 @@ def write_slime(root: Path, samples: int, tokens: int, steps: int) -> None:
         save(last)
 
 
+OPTIONS_FILE = "bench-options.json"
+"""Written beside a generated dump: the options it was written with (a reused dump must match them)."""
 WRITERS = {"prime-rl": write_prime_rl, "nemo-rl": write_nemo_rl, "slime": write_slime}
 
 
@@ -171,8 +194,11 @@ def main() -> None:
     parser.add_argument("--tokens", type=int, default=1_000)
     parser.add_argument("--steps", type=int, default=10)
     parser.add_argument("--repeat", type=int, default=3)
-    parser.add_argument("--export", type=Path, help="where the dump is written (reused if it exists; default: a "
-                                                    "temporary folder, deleted afterwards)")
+    parser.add_argument("--ids", choices=("zipf", "uniform"), default="zipf",
+                        help="how token ids are drawn (see token_draw): zipf, as a text's; uniform, the worst case")
+    parser.add_argument("--export", type=Path, help="where the dump is written (reused if it exists and was written "
+                                                    "with the same options; default: a temporary folder, deleted "
+                                                    "afterwards)")
     parser.add_argument("--pythonpath", default=str(Path(__file__).resolve().parent.parent),
                         help="the checkout whose engine is imported (default: this one)")
     parser.add_argument("--child", nargs=3, metavar=("SOURCE", "EXPORT", "LOGS"), help=argparse.SUPPRESS)
@@ -183,11 +209,17 @@ def main() -> None:
     work = Path(tempfile.mkdtemp(prefix="bench-import-"))
     export = args.export or work / "export"
     try:
+        written_with = {"format": args.format, "samples": args.samples, "tokens": args.tokens, "steps": args.steps,
+                        "ids": args.ids}
         if not export.exists():
             t0 = time.perf_counter()
-            WRITERS[args.format](export, args.samples, args.tokens, args.steps)
-            print(f"wrote {args.format} dump: {args.samples} samples x {args.tokens} tokens in {args.steps} steps "
-                  f"({time.perf_counter() - t0:.0f} s)")
+            WRITERS[args.format](export, args.samples, args.tokens, args.steps, args.ids)
+            (export / OPTIONS_FILE).write_text(json.dumps(written_with))
+            print(f"wrote {args.format} dump: {args.samples} samples x {args.tokens} tokens in {args.steps} steps, "
+                  f"{args.ids} token ids ({time.perf_counter() - t0:.0f} s)")
+        elif not (export / OPTIONS_FILE).exists() or json.loads((export / OPTIONS_FILE).read_text()) != written_with:
+            raise SystemExit(f"--export {export} holds a dump written with other options than {written_with} "
+                             f"(see its {OPTIONS_FILE}); name another folder")
         size = sum(p.stat().st_size for p in export.rglob("*") if p.is_file())  # symlinked folders not counted
         runs = []
         for _ in range(args.repeat):
@@ -201,7 +233,7 @@ def main() -> None:
         wall = statistics.median(r["seconds"] for r in runs)
         cpu = statistics.median(r["cpu"] for r in runs)
         starts = ", ".join(f"{r['load']:.1f}" for r in runs)
-        print(f"{args.format} {args.samples} x {args.tokens} ({size / 1e9:.2f} GB, {rows:,} completion token rows): "
+        print(f"{args.format} {args.samples} x {args.tokens}, {args.ids} ids ({size / 1e9:.2f} GB, {rows:,} completion token rows): "
               f"median {rows / wall / 1e6:.3f} M rows/s wall ({wall:.2f} s), {rows / cpu / 1e6:.3f} M rows per CPU-s "
               f"({cpu:.2f} s CPU, {size / cpu / 1e6:.0f} MB of dump per CPU-s); peak RSS median "
               f"{statistics.median(r['peak_mb'] for r in runs):.0f} MB; load average {os.getloadavg()[0]:.1f} "

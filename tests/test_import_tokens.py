@@ -207,6 +207,30 @@ def test_prime_rl_first_format_one_file_per_rank_for_every_step(samples, tmp_pat
     assert got.tolist() == [[step, len(expected(samples, step))] for step in (1, 2)]
 
 
+def test_a_line_longer_than_the_first_read_limit_is_read_again_with_the_larger_one(samples, tmp_path, monkeypatch):
+    """DuckDB reads with its default line limit first (a large one halves its speed); a file with a longer line
+    (here 40 MB: a key the importer does not read) is read again with `MAX_LINE_BYTES`, and nothing is lost."""
+    from engine.importers import jsonl_dump
+
+    plain = write_prime_rl(tmp_path / "plain", samples)
+    padded = write_prime_rl(tmp_path / "padded", samples)
+    rank_0 = padded / "token_exports" / "step_1" / "rank_0.jsonl"
+    first, rest = rank_0.read_text().split("\n", 1)
+    rank_0.write_text(first[:-1] + ',"padding":"' + "x" * (40 << 20) + '"}\n' + rest)
+    import_run("prime-rl", plain, tmp_path / "logs", "plain")
+    monkeypatch.setattr(jsonl_dump, "MAX_LINE_BYTES", jsonl_dump.LINE_BYTES)
+    refused = import_run("prime-rl", padded, tmp_path / "logs", "refused")
+    assert any("step_1/rank_0.jsonl" in p and "maximum_object_size" in p for p in refused.problems)
+    monkeypatch.undo()
+    report = import_run("prime-rl", padded, tmp_path / "logs", "padded")
+    assert report.imported == [1, 2] and len(report.problems) == 1  # the truncated line, as in every import
+    with RunReader(tmp_path / "logs") as reader:
+        columns = "step, rollout_id, position, token_text, sampler_logp, old_logp, entropy, advantage, dump"
+        got, plain_rows = (reader.sql(f"SELECT {columns} FROM tokens WHERE run = ? ORDER BY step, rollout_id, "
+                                      "position", [run]).to_dict("records") for run in ("padded", "plain"))
+    assert len(got) > 0 and got == plain_rows
+
+
 def test_fields_outside_the_typed_dump_struct_are_kept_as_one_json_object_per_token():
     import pyarrow as pa
 

@@ -10,11 +10,26 @@ import json
 import math
 import os
 import re
+import threading
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+_local = threading.local()
+
+
+def duckdb_connection():
+    """This thread's in-memory DuckDB connection for reading dumps (opening one costs ~15-30 ms, three times a
+    step: a quarter of reading a 1000-sample step's JSON). Whoever registers a table on it unregisters it."""
+    con = getattr(_local, "con", None)
+    if con is None:
+        import duckdb
+
+        con = _local.con = duckdb.connect()
+    return con
+
 
 SETTLE_SECONDS = 2.0
 """In follow mode the newest file is imported only once it is this old (the trainer may still be writing it)."""

@@ -36,12 +36,11 @@ import json
 from collections.abc import Iterable
 from typing import Any
 
-import duckdb
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from engine.importers.base import ReadContext, Step
+from engine.importers.base import ReadContext, Step, duckdb_connection
 from engine.runlog.schema import DUMP_FIELDS
 
 LIST_COLUMNS = ("sampler_logp", "old_logp", "ref_logp", "entropy", "advantage", "value", "return")
@@ -281,13 +280,13 @@ def step_tables(step: int, samples: pa.Table, ctx: ReadContext, vocabulary: Toke
     else:  # no token texts to join: the dump's text, else how many token ids
         prompt = "coalesce(prompt_text, '<' || plen || ' token ids>')"
         completion = "coalesce(completion_text, '<' || (len(token_ids) - plen) || ' token ids>')"
-    con = duckdb.connect()
+    con = duckdb_connection()
+    con.register("samples", samples)
     try:
-        con.register("samples", samples)
         rollouts = con.sql(_ROLLOUTS_SQL.format(prompt=prompt, completion=completion)).to_arrow_table()
         row = con.execute(_METRICS_SQL).fetchall()[0]
     finally:
-        con.close()
+        con.unregister("samples")
     names = ("reward_mean", "reward_std", "response_len_mean", "response_len_max", "truncated_frac")
     metrics = {**dict(zip(names, row, strict=True)), "entropy": entropy}
     info = {**extra, "framework_fields": [n[2:] for n in present], "advantage_source": "the dump's",

@@ -91,30 +91,41 @@ ID_FROM_VOCABULARY = 1 << len(ELIDED_TOKEN_COLUMNS)
 
 
 class TokenVocabulary:
-    """One run's token ids by text, as rank 0's writer leaves them out of the token rows (module docstring)."""
+    """One run's token ids by text, as rank 0's writer leaves them out of the token rows (module docstring).
+    Looked up column-wise (a hash of the known texts per step, no Python per text: a step of long responses
+    holds ~10^5 distinct texts)."""
 
     def __init__(self, pairs: pa.Table | None = None):
-        self._id_of: dict[str, int] = {}
-        if pairs is not None:  # what the run's files hold: its stored `token_vocab` rows, oldest first
-            for text, token_id in zip(pairs["token_text"].to_pylist(), pairs["token_id"].to_pylist(), strict=True):
-                self._id_of.setdefault(text, token_id)
+        self._texts = pa.array([], pa.string())  # (V,) each known text once, first logged first
+        self._ids = np.zeros(0, np.int64)  # (V,) its id
+        if pairs is not None and pairs.num_rows:  # what the run's files hold: its `token_vocab` rows, oldest first
+            texts = pc.dictionary_encode(pairs["token_text"].combine_chunks())  # distinct, first seen first
+            codes = pc.fill_null(texts.indices, -1).to_numpy().astype(np.int64)  # (n,)
+            present = np.flatnonzero(codes >= 0)
+            _, first = np.unique(codes[present], return_index=True)  # each text's first pair (its code's order)
+            self._texts = texts.dictionary
+            self._ids = pc.fill_null(pairs["token_id"].combine_chunks(), -1).to_numpy()[present[first]]
 
     def elide(self, tokens: pa.Table) -> tuple[pa.Table, pa.Table | None]:
         """One step's stored token rows (`stored_tokens`'s) with each id NULL where it is its text's (the
         `ID_FROM_VOCABULARY` bit set), and the step's `token_vocab` rows: the pairs of the ids left out."""
         texts = pc.dictionary_encode(tokens["token_text"]).combine_chunks()  # distinct texts, first seen first
-        distinct = texts.dictionary.to_pylist()
+        distinct = texts.dictionary  # (d,)
         codes = pc.fill_null(texts.indices, -1).to_numpy().astype(np.int64)  # (n,) -1: no text
         stored_ids = tokens["token_id"].combine_chunks()
         ids = pc.fill_null(stored_ids, -1).to_numpy()  # (n,)
         has_id = np.asarray(stored_ids.is_valid()) & (ids >= 0) & (codes >= 0)  # -1 below: unknown
-        id_of = np.array([self._id_of.get(t, -1) for t in distinct] + [-1], dtype=np.int64)  # (d + 1,)
+        known = pc.fill_null(pc.index_in(distinct, value_set=self._texts), -1).to_numpy()  # (d,) into the run's
+        id_of = np.full(len(distinct) + 1, -1, np.int64)  # (d + 1,) the run's id of each text (code -1: the last)
+        id_of[:-1][known >= 0] = self._ids[known[known >= 0]]
         new = has_id & (id_of[codes] < 0)
         if new.any():  # a text first logged in this step: its smallest id in the step becomes the run's
             first = np.full(len(id_of), np.iinfo(np.int64).max)
             np.minimum.at(first, codes[new], ids[new])
-            for code in np.flatnonzero(first < np.iinfo(np.int64).max):
-                self._id_of[distinct[code]] = id_of[code] = first[code]
+            added = np.flatnonzero(first < np.iinfo(np.int64).max)
+            id_of[added] = first[added]
+            self._texts = pa.concat_arrays([self._texts, distinct.take(pa.array(added))])
+            self._ids = np.concatenate([self._ids, first[added]])
         elide = has_id & (ids == id_of[codes])  # (n,)
         if not elide.any():
             return tokens, None

@@ -33,8 +33,11 @@ _SEPARATE_ROW_GROUPS = {"rollouts": ("kind", "train")}
 # dictionary for them first costs time and bytes.
 # token_id too: a row group holds a few thousand distinct tokens of a vocabulary of 10^5, so dictionary indices take
 # ~12 bits where deltas of unsorted ids take ~18 (Zipf-distributed ids: 1.3 vs 2.0 bytes a row).
+# The summary's counts too: most are 1 or a few (a text at a position bucket), and a dictionary of them wrote a long
+# step's summary 27% faster and 17% smaller than plain int64.
 _DICTIONARY_COLUMNS = ["run", "step", "kind", "filter_reason", "token_text", "token_id", "pass", "clip", "rejected",
-                       "prompt", "answer", "answer_class", "entropy_decile"]
+                       "prompt", "answer", "answer_class", "entropy_decile", "bucket", "rows", "advantage_rows",
+                       "entropy_rows", "kl_rows", "cov_rows"]
 _DELTA_COLUMNS = ["rollout_id", "position", "group_id", "index_in_group", "prompt_id", "length",
                   "step_index", "first_pos", "last_pos", "prm_step"]
 
