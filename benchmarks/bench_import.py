@@ -233,7 +233,8 @@ def main() -> None:
         wall = statistics.median(r["seconds"] for r in runs)
         cpu = statistics.median(r["cpu"] for r in runs)
         starts = ", ".join(f"{r['load']:.1f}" for r in runs)
-        print(f"{args.format} {args.samples} x {args.tokens}, {args.ids} ids ({size / 1e9:.2f} GB, {rows:,} completion token rows): "
+        print(f"{args.format} {args.samples} x {args.tokens}, {args.ids} ids ({size / 1e9:.2f} GB, {rows:,} completion "
+              "token rows): "
               f"median {rows / wall / 1e6:.3f} M rows/s wall ({wall:.2f} s), {rows / cpu / 1e6:.3f} M rows per CPU-s "
               f"({cpu:.2f} s CPU, {size / cpu / 1e6:.0f} MB of dump per CPU-s); peak RSS median "
               f"{statistics.median(r['peak_mb'] for r in runs):.0f} MB; load average {os.getloadavg()[0]:.1f} "

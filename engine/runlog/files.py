@@ -75,14 +75,13 @@ class FolderWriter:
         self.tmp.mkdir(parents=True)
         self._writers: dict[str, pq.ParquetWriter] = {}
         self._pending: dict[str, pa.Table] = {}
-        self._texts: set[str] = set()  # the token_vocab texts added so far
+        self._texts = pa.array([], pa.string())  # the token_vocab texts added so far
 
     def add(self, table: str, arrow: pa.Table) -> None:
         if table == VOCABULARY_TABLE:  # each text once, in the first step that has it (a run's pairs never
             # disagree, see engine.runlog.derived.TokenVocabulary)
-            new = [text not in self._texts for text in arrow["token_text"].to_pylist()]
-            arrow = arrow.filter(pa.array(new, pa.bool_()))
-            self._texts.update(arrow["token_text"].to_pylist())
+            arrow = arrow.filter(pc.invert(pc.is_in(arrow["token_text"], value_set=self._texts)))
+            self._texts = pa.concat_arrays([self._texts, arrow["token_text"].combine_chunks()])
             self._add(table, arrow)
         elif table in _SEPARATE_ROW_GROUPS:  # e.g. eval rollouts in row groups of their own, see there
             column, value = _SEPARATE_ROW_GROUPS[table]

@@ -301,8 +301,10 @@ class RunWriter:
         `log_step` for each of them followed by the merges and the closing merge would produce (same rows, same
         encoding: `FolderWriter`), so every row is encoded once and closing has nothing to merge. Each chunk
         appears when it is complete: a kill loses the chunk being written (at most `compact_every` steps), never
-        one already written; an exception from `steps` first writes the chunk of the steps it yielded. The
-        encoding runs on the writer thread while the iterable reads the next step (two steps in memory)."""
+        one already written; an exception from `steps` first writes the chunk of the steps it yielded. A step's
+        token rows are made as stored (`stored_token_rows`) on the calling thread, and its summary and pass rows
+        derived and everything encoded on the writer thread while the iterable reads the next step (two steps in
+        memory): importing long responses, the writer thread had more to do than the reading one."""
         if self._closed:
             raise RunLogError(f"run {self.name!r}: log_stream after close")
         if self.compact_every <= 0:  # no compaction: one step folder per step, as log_step writes
@@ -325,9 +327,10 @@ class RunWriter:
                 metrics = kwargs.pop("metrics", {} if self.rank == 0 else None)
                 tables = self._step_tables(step, metrics, kwargs, wall_time=kwargs.pop("wall_time", None),
                                            now=time.time())
+                tables = stored_token_rows(tables, self._vocabulary)  # here; the rest on the writer thread
                 if folder is None:
                     folder = FolderWriter(self.data_dir, self.rank, f"chunk-{step:09d}")
-                self._submit(_add_to_chunk, folder, tables, self._vocabulary)
+                self._submit(_add_to_chunk, folder, tables)
                 del tables, kwargs  # the writer thread frees them once encoded, while the next step is read
                 group.append(step)
                 self.last_step = step
@@ -480,11 +483,11 @@ class RunWriter:
             self._merge([s for s in segments if (s.first, s.last, s.seq) in picked])
 
 
-def _add_to_chunk(folder: FolderWriter, tables: dict[str, pa.Table | None],
-                  vocabulary: TokenVocabulary | None) -> None:
-    """Add a step's tables to a chunk being written; a failure deletes the chunk (it could not be whole)."""
+def _add_to_chunk(folder: FolderWriter, tables: dict[str, pa.Table | None]) -> None:
+    """Add a step's tables (token rows as stored) to a chunk being written; a failure deletes the chunk (it could
+    not be whole)."""
     try:
-        folder.add_tables(stored_tables(tables, vocabulary))
+        folder.add_tables(with_pass_and_summary_rows(tables))
     except BaseException:
         folder.abort()
         raise
@@ -492,15 +495,28 @@ def _add_to_chunk(folder: FolderWriter, tables: dict[str, pa.Table | None],
 
 def stored_tables(tables: dict[str, pa.Table | None],
                   vocabulary: TokenVocabulary | None = None) -> dict[str, pa.Table | None]:
-    """A step's tables as written (on the writer thread: the caller goes on with the next step meanwhile): pass rows
-    without what they repeat of their token, the step's `token_summary`, token rows without what they repeat (of
-    themselves, and their ids of `vocabulary`, rank 0's, with the step's `token_vocab` rows)."""
+    """A step's tables as written (on the writer thread for `log_step`: the caller goes on meanwhile): token rows
+    without what they repeat, pass rows without what they repeat of their token, the step's `token_summary`."""
+    return with_pass_and_summary_rows(stored_token_rows(tables, vocabulary))
+
+
+def stored_token_rows(tables: dict[str, pa.Table | None],
+                      vocabulary: TokenVocabulary | None) -> dict[str, pa.Table | None]:
+    """A step's tables with its token rows as written: without what they repeat of themselves, nor their ids of
+    `vocabulary` (rank 0's), with the step's `token_vocab` rows. Steps in order: the vocabulary remembers them."""
     tables = dict(tables)
-    tables["token_passes"] = stored_passes(tables["tokens"], tables["token_passes"])
-    tables["token_summary"] = step_summary(tables["rollouts"], tables["tokens"], tables["token_passes"])
     tables["tokens"] = stored_tokens(tables["tokens"])
     if vocabulary is not None and tables["tokens"] is not None:
         tables["tokens"], tables[VOCABULARY_TABLE] = vocabulary.elide(tables["tokens"])
+    return tables
+
+
+def with_pass_and_summary_rows(tables: dict[str, pa.Table | None]) -> dict[str, pa.Table | None]:
+    """A step's tables with its pass rows as written and its `token_summary` rows. Both read only token columns
+    that `stored_token_rows` leaves whole (keys, text, old/ref log-probs, advantage, entropy)."""
+    tables = dict(tables)
+    tables["token_passes"] = stored_passes(tables["tokens"], tables["token_passes"])
+    tables["token_summary"] = step_summary(tables["rollouts"], tables["tokens"], tables["token_passes"])
     return tables
 
 
