@@ -49,6 +49,11 @@ import screenshots  # noqa: E402
 PAGES = {"runs": "", "replay": "replay", "groups": "groups", "tokens": "tokens", "prm steps": "prm",
          "weighting": "weighting", "trajectories": "trajectories", "token stats": "token-stats",
          "advantages": "advantages", "mismatch": "mismatch"}
+PAGE_FILES = {"runs": "runs.py", "replay": "replay.py", "groups": "groups.py", "tokens": "token_inspector.py",
+              "prm steps": "prm_steps.py", "weighting": "algorithm_weighting.py",
+              "trajectories": "token_trajectories.py", "token stats": "token_stats.py",
+              "advantages": "advantages.py", "mismatch": "mismatch.py"}
+"""The file of each page in dashboard/app_pages/ (for `--figures`, which runs a page in Streamlit's AppTest)."""
 
 
 
@@ -179,6 +184,93 @@ def measure_floor(repeat: int) -> dict[str, list[float]]:
     return results
 
 
+FIGURES_APP = """import json, os, pathlib
+import plotly.io as pio
+import streamlit as st
+st.header("Figures")
+theme = {"streamlit": "streamlit", "none": None}.get(st.query_params.get("theme", "streamlit"), "streamlit")
+for path in sorted(pathlib.Path(os.environ["FIGURES_DIR"]).glob("*.json"), key=lambda p: int(p.stem)):
+    if st.query_params.get("figures", "all") in ("all", path.stem):
+        st.plotly_chart(pio.from_json(path.read_text()), key=path.stem, theme=theme)
+"""
+"""The app of `--figures`: the figures (Plotly JSON files) of a folder, all of them or one (?figures=K), with
+Streamlit's theme or without it (?theme=none), each drawn as the dashboard draws it (`st.plotly_chart`)."""
+
+BARE_PLOTLY_DRAW = """async (spec) => { const f = JSON.parse(spec); const t = performance.now();
+    Plotly.purge('g'); await Plotly.newPlot('g', f.data, f.layout, {});
+    await new Promise(r => requestAnimationFrame(() => setTimeout(r, 0))); return performance.now() - t; }"""
+
+
+def page_figures(logs_dir: Path, run: str, step: int, longest: tuple[int, int], page_name: str) -> list[str]:
+    """The Plotly JSON of every figure a page draws on its first visit (run in Streamlit's AppTest)."""
+    import os
+
+    from streamlit.testing.v1 import AppTest
+
+    os.environ["POLICYLENS_LOGS_DIR"] = str(logs_dir)
+    app = AppTest.from_file(str(ROOT / "dashboard" / "streamlit_app.py"), default_timeout=LOAD_TIMEOUT_S)
+    app.query_params["run"] = run
+    app.query_params["step"] = str(longest[0] if page_name == "tokens" else step)
+    if page_name == "tokens":
+        app.query_params["rollout"] = str(longest[1])
+    app.run()
+    app.switch_page(f"app_pages/{PAGE_FILES[page_name]}").run()
+    if app.exception:
+        raise PageError(f"{page_name}: {[e.message for e in app.exception]}")
+    return [chart.proto.spec for chart in app.get("plotly_chart")]
+
+
+def measure_figures(logs_dir: Path, run: str, step: int, longest: tuple[int, int], page_name: str,
+                    repeat: int) -> dict[str, list[float]]:
+    """Where a page's browser time goes: its figures (`page_figures`) reloaded in an app of nothing else
+    (`FIGURES_APP`: all of them with Streamlit's theme, without it, each alone, and none: the header only), and
+    each drawn by bare Plotly (`Plotly.newPlot` of plotly.py's own plotly.min.js in an empty page), in the same
+    browser, `repeat` times."""
+    import os
+    import tempfile
+
+    import plotly
+    from playwright.sync_api import sync_playwright
+
+    from engine.cli import dashboard_command
+
+    specs = page_figures(logs_dir, run, step, longest, page_name)
+    results: dict[str, list[float]] = {}
+    with tempfile.TemporaryDirectory() as folder, sync_playwright() as playwright:
+        for k, spec in enumerate(specs):
+            (Path(folder) / f"{k}.json").write_text(spec)
+            print(f"    figure {k}: {len(spec) / 1e3:.0f} kB of JSON", flush=True)
+        app = Path(folder) / "app.py"
+        app.write_text(FIGURES_APP)
+        port = screenshots.free_port()
+        command = dashboard_command(folder, "127.0.0.1", port)
+        command[command.index("run") + 1] = str(app)
+        command[1:command.index("run")] = ["-m", "streamlit"]
+        os.environ["FIGURES_DIR"] = folder
+        browser = screenshots.launch_browser(playwright)
+        variants = {"no figure (the header only)": "figures=none", f"all {len(specs)} figures": "figures=all",
+                    f"all {len(specs)} figures, theme=None": "figures=all&theme=none",
+                    **{f"figure {k} alone": f"figures={k}" for k in range(len(specs))}}
+        with screenshots.serve(command[:command.index("--")], port, LOAD_TIMEOUT_S) as url:
+            context = browser.new_context(viewport={"width": 1400, "height": 1000})
+            page = context.new_page()
+            watch = widgets.ServerWatch().attach(page)
+            load(page, watch, f"{url}/?figures=all")  # Streamlit's and plotly's scripts fetched once, untimed
+            for _ in range(repeat):
+                for name, query in variants.items():
+                    load(page, watch, f"{url}/?{query}")  # the first visit of this variant, untimed
+                    record(results, f"reload: {name}", reload(page, watch)[0])
+            context.close()
+        page = browser.new_page(viewport={"width": 1400, "height": 1000})
+        page.set_content("<div id=g style='width:1300px'></div>")
+        page.add_script_tag(path=str(Path(plotly.__file__).parent / "package_data" / "plotly.min.js"))
+        for _ in range(repeat):
+            for k, spec in enumerate(specs):
+                record(results, f"bare Plotly.newPlot: figure {k}", page.evaluate(BARE_PLOTLY_DRAW, spec) / 1000)
+        browser.close()
+    return results
+
+
 def measure(logs_dir: Path, run: str, step: int, longest: tuple[int, int], repeat: int,
             pages: list[str]) -> dict[str, list[float]]:
     from playwright.sync_api import sync_playwright
@@ -231,6 +323,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--repeat", type=int, default=3)
     parser.add_argument("--pages", nargs="+", choices=list(PAGES), default=list(PAGES), help="only these pages")
     parser.add_argument("--floor", action="store_true", help="what Streamlit alone costs (FLOOR_APPS), no run")
+    parser.add_argument("--figures", choices=list(PAGES), help="where this page's browser time goes: its figures "
+                                                               "alone, in Streamlit and in bare Plotly")
     args = parser.parse_args(argv)
     if args.floor:
         print_medians(measure_floor(args.repeat), args.repeat)
@@ -249,7 +343,11 @@ def main(argv: list[str] | None = None) -> int:
         token_step, rollout = int(longest["step"][0]), int(longest["rollout_id"][0])
         print(f"\n{run}: {tokens:,} token rows, step {step}; Token inspector: step {token_step}, rollout {rollout} "
               f"({int(longest['length'][0]):,} tokens)")
-        print_medians(measure(logs_dir, run, step, (token_step, rollout), args.repeat, args.pages), args.repeat)
+        if args.figures:
+            results = measure_figures(logs_dir, run, step, (token_step, rollout), args.figures, args.repeat)
+        else:
+            results = measure(logs_dir, run, step, (token_step, rollout), args.repeat, args.pages)
+        print_medians(results, args.repeat)
     return 0
 
 
