@@ -41,3 +41,26 @@ def test_a_synthetic_step_is_written_and_read_back(tmp_path, bench, long):
     counts = RunReader(tmp_path, "bench").sql(
         "SELECT (SELECT count(*) FROM tokens) AS tokens, (SELECT count(*) FROM token_passes) AS passes")
     assert (int(counts.tokens[0]), int(counts.passes[0])) == (len(tokens["rollout_id"]), len(passes["rollout_id"]))
+
+
+@pytest.mark.parametrize("fmt", ["prime-rl", "nemo-rl", "slime"])
+def test_the_import_benchmark_s_dumps_import_whole(tmp_path, fmt):
+    """bench_import.py's generated dumps are read by the importers: every completion token of every sample, with
+    Zipf-drawn ids inside the vocabulary and a head far above a uniform draw's."""
+    spec = importlib.util.spec_from_file_location("bench_import", ROOT / "benchmarks" / "bench_import.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    from engine.importers import import_run
+    from engine.runlog import RunReader
+
+    module.WRITERS[fmt](tmp_path / "dump", 32, 40, 2, "zipf")  # 32 samples of 40 tokens (10 of them prompt)
+    report = import_run(fmt, tmp_path / "dump", tmp_path / "logs", "bench")
+    assert report.imported == [1, 2] and report.problems == []
+    with RunReader(tmp_path / "logs") as reader:
+        counts = reader.sql("SELECT step, count(*) AS n, count(DISTINCT rollout_id) AS r FROM tokens "
+                            "GROUP BY step ORDER BY step").values.tolist()
+    assert counts == [[1, 16 * 30, 16], [2, 16 * 30, 16]]
+    ids = module.token_draw(module.random.Random(0), "zipf")(20_000)
+    assert min(ids) >= 0 and max(ids) < module.VOCABULARY_SIZE
+    # by Zipf's law the commonest id is drawn about 20,000 / H(151,936) = 1,600 times; uniformly, a handful
+    assert max(np.bincount(ids)) > 1000
