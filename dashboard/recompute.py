@@ -238,6 +238,7 @@ SCHEMES = (
     ("ppo_gae", "PPO GAE advantage (before whitening)"),
     ("ppo_value", "PPO critic's value V(token)"),
     ("ppo_kl_reward", "PPO KL part of the reward: −kl_coef · (log π_old − log π_ref)"),
+    ("logged_advantage", "The advantage the trainer logged per token (rewards not logged: GRPO's not recomputed)"),
 )
 
 
@@ -292,7 +293,9 @@ def advantage_schemes(rollouts: pd.DataFrame, token_bins: pd.DataFrame, prm_step
     last_pos, reward_raw). The GRPO schemes are recomputed per token from the logged rewards with
     `engine.advantages` whatever the run trained with (outcome: `group_advantages` over the group's rewards;
     process: `process_advantages` over its raw step scores, absent without steps), then binned the same way; the
-    PPO schemes are the logged columns of a run with a critic (absent otherwise), binned by DuckDB."""
+    PPO schemes are the logged columns of a run with a critic (absent otherwise), binned by DuckDB. A group with a
+    completion whose reward was not logged (an imported dump without rewards) has no outcome scheme: without a
+    critic, its logged per-token advantage is shown instead ("logged_advantage")."""
     from engine.advantages import group_advantages, process_advantages
 
     rollouts = rollouts.sort_values("rollout_id")
@@ -307,23 +310,31 @@ def advantage_schemes(rollouts: pd.DataFrame, token_bins: pd.DataFrame, prm_step
     def add(scheme: str, rollout_id: int, values: np.ndarray) -> None:
         parts.append(pd.DataFrame({"rollout_id": rollout_id, "scheme": scheme, **binned(values, width)}))
 
-    outcome = group_advantages(rollouts["reward"].to_numpy(dtype=float).copy(), len(ids), scale_by_std=scale_by_std)
-    for rid, n, a in zip(ids, lengths, outcome.tolist(), strict=True):
-        add("grpo_outcome", rid, np.full(n, a))
+    rewards = pd.to_numeric(rollouts["reward"], errors="coerce").to_numpy(dtype=float)  # (G,) NaN: not logged
+    rewards_logged = bool(np.isfinite(rewards).all())
+    if rewards_logged:
+        outcome = group_advantages(rewards.copy(), len(ids), scale_by_std=scale_by_std)
+        for rid, n, a in zip(ids, lengths, outcome.tolist(), strict=True):
+            add("grpo_outcome", rid, np.full(n, a))
     if len(prm_steps):
         steps = prm_steps.sort_values(["rollout_id", "step_index"])
-        rewards = [steps[steps["rollout_id"] == r]["reward_raw"].astype(float).tolist() for r in ids]
+        step_rewards = [steps[steps["rollout_id"] == r]["reward_raw"].astype(float).tolist() for r in ids]
         ends = [steps[steps["rollout_id"] == r]["last_pos"].astype(int).tolist() for r in ids]
-        process = process_advantages(rewards, ends, lengths).numpy()  # (G, max length)
+        process = process_advantages(step_rewards, ends, lengths).numpy()  # (G, max length)
         for i, (rid, n) in enumerate(zip(ids, lengths, strict=True)):
             add("grpo_process", rid, process[i, :n])
-    if "value" in token_bins and token_bins["value"].notna().any():
-        for scheme, column in LOGGED_SCHEMES.items():
-            parts.append(pd.DataFrame({
-                "rollout_id": token_bins["rollout_id"], "scheme": scheme, "first_pos": token_bins["first_pos"],
-                "last_pos": token_bins["last_pos"],
-                **{name: pd.to_numeric(token_bins[column + suffix], errors="coerce").to_numpy(dtype=float)
-                   for name, suffix in (("value", ""), ("low", "_low"), ("high", "_high"))}}))
+    if "value" in token_bins and token_bins["value"].notna().any():  # a critic: its advantage is PPO's GAE one
+        logged = LOGGED_SCHEMES
+    elif not rewards_logged and "advantage" in token_bins and token_bins["advantage"].notna().any():
+        logged = {"logged_advantage": "advantage"}
+    else:
+        logged = {}
+    for scheme, column in logged.items():
+        parts.append(pd.DataFrame({
+            "rollout_id": token_bins["rollout_id"], "scheme": scheme, "first_pos": token_bins["first_pos"],
+            "last_pos": token_bins["last_pos"],
+            **{name: pd.to_numeric(token_bins[column + suffix], errors="coerce").to_numpy(dtype=float)
+               for name, suffix in (("value", ""), ("low", "_low"), ("high", "_high"))}}))
     if not parts:
         return pd.DataFrame(columns=["rollout_id", "scheme", "first_pos", "last_pos", "value", "low", "high"])
     return pd.concat(parts, ignore_index=True)

@@ -179,7 +179,8 @@ def test_a_dump_that_runs_code_when_unpickled_is_refused(tmp_path, capsys):
     assert not (tmp_path / "logs" / "run").exists()  # nothing to import: no run
 
 
-@pytest.mark.parametrize("page", [None, "token_inspector", "groups", "replay", "algorithm_weighting", "token_stats"])
+@pytest.mark.parametrize("page", [None, "token_inspector", "groups", "replay", "algorithm_weighting", "token_stats",
+                                  "advantages", "mismatch"])
 def test_pages_render_an_imported_per_token_run_and_say_what_it_lacks(page, samples, tokenizer_dir, tmp_path,
                                                                       monkeypatch):
     from test_dashboard import open_page
@@ -189,6 +190,10 @@ def test_pages_render_an_imported_per_token_run_and_say_what_it_lacks(page, samp
     shown = " ".join(str(x.value) for x in (*at.markdown, *at.caption, *at.info)).replace("\\", "")  # md escapes
     assert "Imported from prime-rl dumps" in shown and "no optimisation passes" in shown
     assert "eval rollouts are never trained on" not in shown  # a train rollout of an import is not an eval one
+    assert not at.error, [e.value for e in at.error]  # what the dump lacks is said, not refused
+    if page == "advantages":  # the fixture's prime-rl version writes no rewards: the trainer's advantages instead
+        assert "no logged reward" in shown and "logged_advantage" not in shown
+        assert "The advantage the trainer logged per token" in at.get("plotly_chart")[0].proto.spec
 
 
 def test_prime_rl_first_format_one_file_per_rank_for_every_step(samples, tmp_path):

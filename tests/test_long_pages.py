@@ -170,6 +170,26 @@ def test_advantages_of_a_short_completion_alone_keep_one_point_per_token(logs):
     assert sorted(s.type for s in figure.layout.shapes) == ["line"] * 4 + ["rect"] * 4
 
 
+def test_advantages_of_a_group_without_logged_rewards_are_the_logged_ones():
+    """An imported dump without rewards (prime-rl's token exports): GRPO's outcome advantage cannot be recomputed
+    (engine.advantages refuses NaN), so the page shows the advantage the trainer logged per token instead; a group
+    whose rewards are all logged keeps the recomputed one only."""
+    bins = pd.DataFrame({"rollout_id": [1, 1, 2], "bin": [0, 1, 0], "width": 1, "first_pos": [0, 1, 0],
+                         "last_pos": [0, 1, 0], "tokens": 1, "advantage": [0.25, -0.5, 1.5],
+                         "advantage_low": [0.25, -0.5, 1.5], "advantage_high": [0.25, -0.5, 1.5],
+                         "value": np.nan, "value_low": np.nan, "value_high": np.nan, "kl_reward": np.nan,
+                         "kl_reward_low": np.nan, "kl_reward_high": np.nan})
+    no_steps = pd.DataFrame(columns=["rollout_id", "step_index", "last_pos", "reward_raw"])
+    group = pd.DataFrame({"rollout_id": [1, 2], "reward": [1.0, None], "length": [2, 1]})
+    schemes = recompute.advantage_schemes(group, bins, no_steps)
+    assert set(schemes["scheme"]) == {"logged_advantage"}
+    assert schemes.sort_values(["rollout_id", "first_pos"])["value"].tolist() == [0.25, -0.5, 1.5]
+    rewarded = recompute.advantage_schemes(group.assign(reward=[1.0, 0.0]), bins, no_steps)
+    assert set(rewarded["scheme"]) == {"grpo_outcome"}
+    a = 0.5 / (1 / np.sqrt(2) + 1e-6)  # (r - mean) / (std + 1e-6), the unbiased std of [1, 0] being 1 / sqrt(2)
+    assert rewarded.sort_values(["rollout_id", "first_pos"])["value"].tolist() == pytest.approx([a, a, -a])
+
+
 STEP_BLOCKS = re.compile(r'class="pl-step"')
 
 

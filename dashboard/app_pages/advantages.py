@@ -53,6 +53,11 @@ try:
 except ValueError as error:
     st.error(f"engine.advantages refused this group's logged rewards: {common.md(error)}")
     st.stop()
+unrewarded = int(pd.to_numeric(group["reward"], errors="coerce").isna().sum())
+if schemes.empty:
+    st.info(f"Nothing to compare: {unrewarded} of this group's {len(group)} completions have no logged reward "
+            "and their tokens no logged advantage.")
+    st.stop()
 
 own_steps = steps[steps["rollout_id"] == highlight]
 # The highlighted completion's token texts, for the hover of one-token bins only.
@@ -63,6 +68,11 @@ st.plotly_chart(advantage_charts.advantage_schemes(schemes, list(recompute.SCHEM
 
 has_critic = (schemes["scheme"] == "ppo_gae").any()
 notes = []
+if unrewarded:
+    notes.append(f"{unrewarded} of this group's {len(group)} completions have no logged reward (an import of a "
+                 "dump that holds none, such as prime-rl's token exports), so GRPO's outcome advantage is not "
+                 "recomputed" + ("; the last panel is the advantage the trainer logged per token."
+                                 if (schemes["scheme"] == "logged_advantage").any() else "."))
 if not has_critic:
     notes.append(f"{common.md(run)} has no critic, so there is no GAE advantage, value or KL reward to show: "
                  "train `--algo ppo` on the same task to compare.")
