@@ -272,8 +272,9 @@ def group_summary(reader, run: str, step: int) -> pd.DataFrame:
     """One row per train group of a step: its prompt, reward mean/std, outcome mix, filtering.
 
     `outcome`: "all correct" / "all wrong" / "mixed" from `reward_correct`; for a group without any correctness
-    logged, "no signal" when all its rewards are equal (reward std 0, every advantage 0: the groups DAPO's dynamic
-    sampling drops) and "mixed" otherwise; `outcome_from` says which ("correctness" or "reward")."""
+    logged, "no reward" when none of its rewards was logged either (an import of a dump that holds none), "no
+    signal" when all its rewards are equal (reward std 0, every advantage 0: the groups DAPO's dynamic sampling
+    drops) and "mixed" otherwise; `outcome_from` says which ("correctness" or "reward")."""
     return reader.sql(
         f"""
         SELECT group_id, any_value(prompt) AS prompt, any_value(answer) AS answer, count(*) AS size,
@@ -285,7 +286,8 @@ def group_summary(reader, run: str, step: int) -> pd.DataFrame:
                CASE WHEN count(reward_correct) > 0 THEN
                         CASE WHEN min(reward_correct) > 0 THEN 'all correct'
                              WHEN max(reward_correct) <= 0 THEN 'all wrong' ELSE 'mixed' END
-                    WHEN count(reward) > 0 AND min(reward) = max(reward) THEN 'no signal'
+                    WHEN count(reward) = 0 THEN 'no reward'
+                    WHEN min(reward) = max(reward) THEN 'no signal'
                     ELSE 'mixed' END AS outcome,
                CASE WHEN count(reward_correct) > 0 THEN '{OUTCOME_BY_CORRECTNESS}'
                     ELSE '{OUTCOME_BY_REWARD}' END AS outcome_from

@@ -10,7 +10,7 @@ from dashboard import common, data, queries
 GROUPS_PER_PAGE = 8
 COMPLETIONS_PER_PAGE = 64  # fewer groups a page when they are large: a browser draws ~5 elements per completion
 # The outcomes `data.group_summary` gives a group: from its correctness column, or from its rewards without one.
-OUTCOMES = ("mixed", "all correct", "all wrong", "no signal")
+OUTCOMES = ("mixed", "all correct", "all wrong", "no signal", "no reward")
 COLUMNS_PER_ROW = 4
 
 selection = common.require_selection()
@@ -55,7 +55,8 @@ st.caption(
 if (summary["outcome_from"] == data.OUTCOME_BY_REWARD).any():
     st.caption("Outcome: this run logged no correctness (reward_correct, e.g. a TRL run or an import), so it is "
                "read from the rewards: **no signal** when all of a group's rewards are equal (reward std 0, every "
-               "advantage 0: the groups DAPO's dynamic sampling drops), **mixed** otherwise.")
+               "advantage 0: the groups DAPO's dynamic sampling drops), **no reward** when none was logged (a "
+               "dump that holds no reward), **mixed** otherwise.")
 else:
     st.caption("Outcome: from the logged correctness (reward_correct) of the group's completions.")
 st.dataframe(
