@@ -278,7 +278,8 @@ def group_summary(reader, run: str, step: int) -> pd.DataFrame:
     return reader.sql(
         f"""
         SELECT group_id, any_value(prompt) AS prompt, any_value(answer) AS answer, count(*) AS size,
-               avg(reward) AS reward_mean, coalesce(stddev_samp(reward), 0) AS reward_std,
+               avg(reward) AS reward_mean,
+               CASE WHEN count(reward) > 0 THEN coalesce(stddev_samp(reward), 0) END AS reward_std,
                avg(reward_correct) AS accuracy, avg(length) AS length_mean,
                max(abs(advantage)) AS max_abs_advantage,
                bool_or(filtered) AS filtered, any_value(filter_reason) FILTER (WHERE filtered) AS filter_reason,

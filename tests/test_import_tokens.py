@@ -192,7 +192,8 @@ def test_pages_render_an_imported_per_token_run_and_say_what_it_lacks(page, samp
     assert "eval rollouts are never trained on" not in shown  # a train rollout of an import is not an eval one
     assert not at.error, [e.value for e in at.error]  # what the dump lacks is said, not refused
     if page == "groups":  # no correctness and no reward logged: said so, not called "mixed"
-        assert set(at.dataframe[0].value["outcome"]) == {"no reward"}
+        groups = at.dataframe[0].value
+        assert set(groups["outcome"]) == {"no reward"} and set(groups["reward_std"]) == {"–"}  # not 0
     if page == "advantages":  # the fixture's prime-rl version writes no rewards: the trainer's advantages instead
         assert "no logged reward" in shown and "logged_advantage" not in shown
         assert "The advantage the trainer logged per token" in at.get("plotly_chart")[0].proto.spec
