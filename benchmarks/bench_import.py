@@ -56,11 +56,12 @@ def token_draw(rng: random.Random, ids: str):
 
 
 def _sequences(samples: int, tokens: int, steps: int, ids: str, seed: int = 0):
-    """(step, index in step, token ids, prompt length, per-token float lists) of every generated sample."""
+    """(step, index in step, token ids, prompt length, sampler and trainer log-probs, entropies) of every generated
+    sample."""
     rng = random.Random(seed)
     draw = token_draw(rng, ids)
     per_step, prompt = samples // steps, tokens // 4
-    floats = [round(rng.uniform(-3, 0), 6) for _ in range(4096)]
+    floats = [round(rng.uniform(-3, 0), 6) for _ in range(4096)]  # log-probs; their negatives: entropies
     prompt_ids: list[int] = []
     for step in range(1, steps + 1):
         for i in range(per_step):
@@ -68,7 +69,8 @@ def _sequences(samples: int, tokens: int, steps: int, ids: str, seed: int = 0):
                 prompt_ids = draw(prompt)
             off = rng.randrange(2048)
             yield (step, i, prompt_ids + draw(tokens - prompt), prompt,
-                   floats[off:off + tokens], floats[off + 1:off + 1 + tokens], floats[off + 2:off + 2 + tokens])
+                   floats[off:off + tokens], floats[off + 1:off + 1 + tokens],
+                   [-x for x in floats[off + 2:off + 2 + tokens]])
 
 
 def write_prime_rl(root: Path, samples: int, tokens: int, steps: int, ids: str, ranks: int = 2) -> None:

@@ -7,6 +7,7 @@ import sys
 from pathlib import Path
 
 import numpy as np
+import pandas as pd
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -59,7 +60,9 @@ def test_the_import_benchmark_s_dumps_import_whole(tmp_path, fmt):
     with RunReader(tmp_path / "logs") as reader:
         counts = reader.sql("SELECT step, count(*) AS n, count(DISTINCT rollout_id) AS r FROM tokens "
                             "GROUP BY step ORDER BY step").values.tolist()
+        lowest_entropy = reader.sql("SELECT min(entropy) FROM tokens").iloc[0, 0]
     assert counts == [[1, 16 * 30, 16], [2, 16 * 30, 16]]
+    assert lowest_entropy > 0 if fmt != "nemo-rl" else pd.isna(lowest_entropy)  # NeMo-RL's dump holds none
     ids = module.token_draw(module.random.Random(0), "zipf")(20_000)
     assert min(ids) >= 0 and max(ids) < module.VOCABULARY_SIZE
     # by Zipf's law the commonest id is drawn about 20,000 / H(151,936) = 1,600 times; uniformly, a handful
