@@ -406,3 +406,31 @@ def test_token_statistics_page_follows_a_change_of_run(tiny_run, tmp_path, monke
     at.selectbox(key="run").set_value("short").run()
     assert not at.exception, [e.message for e in at.exception]
     assert at.select_slider(key="stats_steps").value == (0, 1)
+
+
+def test_token_statistics_page_sends_its_table_a_page_at_a_time_in_the_chosen_order(tmp_path, monkeypatch):
+    """Split by position, a real vocabulary gives millions of (text, positions) rows; the page sends 2,000 at a time
+    (all of them once failed: a 228 MB message), ordered on the server by the chosen column, highest first."""
+    from test_dashboard import dataframe, open_page
+
+    from engine.runlog import RunWriter
+
+    n = 3_000  # distinct texts, one token each: 3,000 rows, two pages
+    entropy = np.random.default_rng(0).permutation(n).astype(float) / n
+    writer = RunWriter.create(tmp_path, "wide", algorithm="grpo", task="linear", config={}, model="m")
+    writer.log_step(0, rollouts={"rollout_id": [0], "group_id": [0], "index_in_group": [0], "kind": ["train"],
+                                 "prompt": ["p"], "completion": ["c"], "reward": [1.0], "length": [n]},
+                    tokens={"rollout_id": [0] * n, "position": list(range(n)), "token_id": list(range(n)),
+                            "token_text": [f"t{i}" for i in range(n)], "entropy": entropy, "advantage": [1.0] * n})
+    writer.close()
+    at = open_page(tmp_path, "token_stats", monkeypatch, run="wide")
+    first = dataframe(at, "token_text", "count")
+    assert len(first) == 2_000 and at.number_input(key="stats_page").max == 2
+    at.number_input(key="stats_page").set_value(2).run()
+    second = dataframe(at, "token_text", "count")
+    assert len(second) == 1_000 and set(first.token_text).isdisjoint(second.token_text)
+    at.selectbox(key="stats_order").set_value("mean entropy").run()
+    at.number_input(key="stats_page").set_value(1).run()
+    by_entropy = dataframe(at, "token_text", "entropy_mean")
+    top = np.sort(entropy)[::-1][:2_000]
+    np.testing.assert_allclose(by_entropy["entropy_mean"].to_numpy(dtype=float), top, rtol=1e-6)

@@ -16,6 +16,13 @@ ASPO = algorithm_defaults("aspo")  # the numbers of the entropy split's caption
 BUCKETS = {"no position split": 0, "4 positions": 4, "8 positions": 8, "16 positions": 16, "32 positions": 32}
 ENTROPY_BINS = 10
 MAX_RUNS = 6
+# Rows of the per-token table a page sends: split by position, a run of long responses over a real vocabulary has
+# millions of (text, positions) rows, and sending all of them once failed (a 228 MB message, over Streamlit's limit).
+TABLE_ROWS = 2_000
+ORDERS = {"count": "count", "clip high": "clip_high_rate", "clip low": "clip_low_rate",
+          "clip dual": "clip_dual_rate", "mean |grad weight|": "abs_grad_weight_mean",
+          "mean |ratio − 1|": "ratio_deviation_mean", "mean entropy": "entropy_mean",
+          "mean advantage": "advantage_mean"}
 
 selection = common.require_selection()
 logs, run, steps = selection.logs_dir, selection.run, list(selection.steps)
@@ -53,11 +60,17 @@ if bucket:
                  token_data.bucket_last(stats["position_from"], bucket))
 else:
     stats = stats.drop(columns=["position_from"])
-min_count = st.number_input("Hide tokens seen fewer times than", 1, value=1, key="stats_min_count")
-shown = stats[stats["count"] >= min_count].reset_index(drop=True)
-st.caption(f"{len(shown)} of {len(stats)} token texts in steps {first}..{last} of {common.md(run)} (train tokens). "
-           "Clip rates, |gradient weight| and |ratio − 1| are per token and optimisation pass. Click a column to "
-           "sort, a row to list the rollouts that hold the token.")
+count_column, order_column = st.columns(2)
+min_count = count_column.number_input("Hide tokens seen fewer times than", 1, value=1, key="stats_min_count")
+order = order_column.selectbox("Order by (highest first)", list(ORDERS), key="stats_order")
+shown = stats[stats["count"] >= min_count]  # by count already
+if order != "count":
+    shown = shown.sort_values(ORDERS[order], ascending=False, na_position="last", kind="stable")
+shown = common.page_of(st, shown.reset_index(drop=True), TABLE_ROWS, "stats_page")
+kept = int((stats["count"] >= min_count).sum())
+st.caption(f"{kept:,} of {len(stats):,} token texts in steps {first}..{last} of {common.md(run)} (train tokens), "
+           f"{TABLE_ROWS:,} a page. Clip rates, |gradient weight| and |ratio − 1| are per token and optimisation "
+           "pass. Click a column to sort the page, a row to list the rollouts that hold the token.")
 rate = st.column_config.NumberColumn(format="%.3f")
 picked = st.dataframe(
     shown.assign(token_text=shown["token_text"].map(charts.token_as_text)), hide_index=True, key="stats_table",
