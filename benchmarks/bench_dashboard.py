@@ -25,6 +25,7 @@ Server time only; what a browser adds is `benchmarks/bench_browser.py`.
 from __future__ import annotations
 
 import argparse
+import functools
 import math
 import os
 import resource
@@ -33,7 +34,7 @@ import statistics
 import subprocess
 import sys
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -65,6 +66,7 @@ class Shape:
     max_len: int
     median_len: float | None = None  # None: uniform lengths in [max_len/2, max_len]; else log-normal around it
     tokens_per_prm_step: int | None = None  # None: three reasoning steps per completion
+    zipf_vocabulary: int = 0  # 0: the texts of VOCAB, drawn alike; else ids of this many, drawn by Zipf's law
 
     def lengths(self, rng, n: int):
         import numpy as np
@@ -83,6 +85,31 @@ class Shape:
             return np.full(len(lengths), 3)
         spacing = rng.integers(self.tokens_per_prm_step * 4 // 5, self.tokens_per_prm_step * 6 // 5 + 1, len(lengths))
         return np.maximum(1, -(-lengths // spacing))  # ceil(length / spacing)
+
+
+REAL_VOCABULARY = 151_936
+"""`--vocabulary zipf`: token ids of a vocabulary of this size (Qwen2's), the id of frequency rank r drawn with
+probability ~ 1/r (a text's words; the ranks mapped to ids in a fixed random order), each its own text: a long step
+of 0.77M tokens holds ~90k distinct texts, where VOCAB's equation pieces are 19."""
+
+
+@functools.cache
+def _zipf_table(size: int):
+    """(cumulative weights by rank (size,), the id of each rank (size,), the text of each id (size,))."""
+    import numpy as np
+
+    cumulative = np.cumsum(1.0 / np.arange(1, size + 1))
+    id_of_rank = np.random.default_rng(0).permutation(size)
+    return cumulative, id_of_rank, np.array([f" w{i}" for i in range(size)], dtype=object)
+
+
+def zipf_tokens(rng, size: int, n: int):
+    """(token ids (n,), their texts (n,)) drawn by Zipf's law over `size` ids (see REAL_VOCABULARY)."""
+    import numpy as np
+
+    cumulative, id_of_rank, texts = _zipf_table(size)
+    ids = id_of_rank[np.minimum(np.searchsorted(cumulative, rng.random(n) * cumulative[-1]), size - 1)]
+    return ids, texts[ids]
 
 
 def short_shape(groups: int, group_size: int, length: int) -> Shape:
@@ -164,7 +191,11 @@ def _token_rows(shape: Shape, completions: _Completions, rng):
 
     rollout = np.repeat(np.arange(len(lengths)), lengths)  # (T_total,)
     position = np.arange(len(rollout)) - (np.cumsum(lengths) - lengths)[rollout]
-    token_id = rng.integers(0, len(VOCAB), len(rollout))
+    if shape.zipf_vocabulary:
+        token_id, token_text = zipf_tokens(rng, shape.zipf_vocabulary, len(rollout))
+    else:
+        token_id = rng.integers(0, len(VOCAB), len(rollout))
+        token_text = np.array(VOCAB, dtype=object)[token_id]
     old_logp = -rng.gamma(1.0, 0.6, len(rollout))
     ref_logp = old_logp + rng.normal(0, 0.05, len(rollout))
     prm_count = shape.prm_steps_of(rng, lengths)  # (N,)
@@ -172,7 +203,7 @@ def _token_rows(shape: Shape, completions: _Completions, rng):
                          rng.normal(0, 0.03, len(rollout)))
     sampler_logp = old_logp - log_ratio
     tokens = {"rollout_id": rollout, "position": position, "token_id": token_id,
-              "token_text": np.array(VOCAB, dtype=object)[token_id], "old_logp": old_logp, "ref_logp": ref_logp,
+              "token_text": token_text, "old_logp": old_logp, "ref_logp": ref_logp,
               "entropy": rng.gamma(2.0, 0.4, len(rollout)), "advantage": completions.advantage[rollout],
               "prm_step": position * prm_count[rollout] // lengths[rollout], "sampler_logp": sampler_logp,
               "sampler_logp_full": sampler_logp - rng.exponential(0.01, len(rollout))}
@@ -582,6 +613,9 @@ def main(argv: list[str] | None = None) -> int:
                         "run's (256 rollouts a step in groups of 8 and 16, log-normal lengths around 2k up to 16k)")
     parser.add_argument("--steps", type=int, default=None, help="default 400 (short: 100M token rows), 15 (long: "
                         "10M)")
+    parser.add_argument("--vocabulary", choices=["small", "zipf"], default="small",
+                        help="small: VOCAB's 19 equation pieces; zipf: a real vocabulary's size and frequencies "
+                        "(REAL_VOCABULARY)")
     parser.add_argument("--groups", type=int, default=64)
     parser.add_argument("--group-size", type=int, default=8)
     parser.add_argument("--length", type=int, default=650, help="longest completion; lengths from half of it")
@@ -594,6 +628,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     logs_dir = Path(args.logs_dir).resolve()
     shape = LONG_SHAPE if args.shape == "long" else short_shape(args.groups, args.group_size, args.length)
+    if args.vocabulary == "zipf":
+        shape = replace(shape, name=f"{shape.name}-zipf", zipf_vocabulary=REAL_VOCABULARY)
     args.steps = args.steps or (15 if args.shape == "long" else 400)
     run = ensure_run(logs_dir, args.steps, shape)
     describe(logs_dir, run)

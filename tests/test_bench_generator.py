@@ -22,12 +22,16 @@ def bench():
     return module
 
 
-@pytest.mark.parametrize("long", [False, True])
-def test_a_synthetic_step_is_written_and_read_back(tmp_path, bench, long):
+@pytest.mark.parametrize("long, zipf", [(False, False), (True, False), (True, True)])
+def test_a_synthetic_step_is_written_and_read_back(tmp_path, bench, long, zipf):
+    from dataclasses import replace
+
     from engine.correction_settings import REJECT_NONE
     from engine.runlog import RunReader, RunWriter
 
     shape = bench.LONG_SHAPE if long else bench.short_shape(2, 4, 30)
+    if zipf:
+        shape = replace(shape, zipf_vocabulary=bench.REAL_VOCABULARY)
     tables = bench.synthetic_step(1, shape, 2, np.random.default_rng(0))
     tokens, passes, metrics = tables["tokens"], tables["token_passes"], tables["metrics"]
     trained = tokens["rollout_id"] < sum(shape.group_sizes)
@@ -42,6 +46,11 @@ def test_a_synthetic_step_is_written_and_read_back(tmp_path, bench, long):
     counts = RunReader(tmp_path, "bench").sql(
         "SELECT (SELECT count(*) FROM tokens) AS tokens, (SELECT count(*) FROM token_passes) AS passes")
     assert (int(counts.tokens[0]), int(counts.passes[0])) == (len(tokens["rollout_id"]), len(passes["rollout_id"]))
+    if zipf:  # a real vocabulary's spread: tens of thousands of texts, each its id's, the commonest far ahead
+        texts, counts = np.unique(tokens["token_text"].astype(str), return_counts=True)
+        assert len(texts) > 20_000 and counts.max() > 20 * np.median(counts)
+        assert all(text == f" w{i}" for text, i in zip(tokens["token_text"][:100], tokens["token_id"][:100],
+                                                         strict=True))
 
 
 @pytest.mark.parametrize("fmt", ["prime-rl", "nemo-rl", "slime"])
