@@ -18,6 +18,7 @@ import warnings
 from dataclasses import dataclass, field
 
 from playwright.sync_api import Error as PlaywrightError
+from playwright.sync_api import TimeoutError as PlaywrightTimeoutError
 from playwright.sync_api import expect
 
 QUIET_MS = 300
@@ -230,8 +231,9 @@ def _edit_first_editable_cell(page, table, name: str, attempts: int = 3, timeout
     edit starts is then awaited as for any widget). Raises AssertionError when the grid did not take it.
 
     Measured on a loaded 2-core machine, about one edit in ten is dropped by the grid itself: the editor opened on
-    the right cell, held the typed value, and Enter closed it without a change (no message to the server either).
-    Such an edit is made again, with a warning, up to `attempts` times; one the app saw and failed on is not."""
+    the right cell, held the typed value, and Enter closed it without a change (no message to the server either);
+    once in a whole suite, the Enter on the selected cell opened no editor at all. Such an edit is made again, with
+    a warning, up to `attempts` times; one the app saw and failed on is not."""
     cell = table.locator(EDITABLE_CELL).first
     if not cell.count():
         raise LookupError(f"{name}: no editable cell")
@@ -241,7 +243,12 @@ def _edit_first_editable_cell(page, table, name: str, attempts: int = 3, timeout
     for attempt in range(1, attempts + 1):
         _walk_to_cell(page, table, cell, time.monotonic() + timeout_s)
         page.keyboard.press("Enter")
-        page.wait_for_function(GRID_EDITOR, timeout=timeout_s * 1000)
+        try:
+            page.wait_for_function(GRID_EDITOR, timeout=timeout_s * 1000)
+        except PlaywrightTimeoutError:  # the grid took no Enter (a rerun redrew it and took the keyboard): again
+            warnings.warn(f"{name}: no editor opened on cell {cell_id} (attempt {attempt} of {attempts})",
+                          stacklevel=2)
+            continue
         page.keyboard.press("Control+a")
         page.keyboard.type(value)
         page.wait_for_function("value => document.activeElement.value === value", arg=value,
