@@ -184,7 +184,7 @@ def measure_floor(repeat: int) -> dict[str, list[float]]:
     return results
 
 
-FIGURES_APP = """import json, os, pathlib
+FIGURES_APP = """import os, pathlib
 import plotly.io as pio
 import streamlit as st
 st.header("Figures")

@@ -63,12 +63,11 @@ else:
 count_column, order_column = st.columns(2)
 min_count = count_column.number_input("Hide tokens seen fewer times than", 1, value=1, key="stats_min_count")
 order = order_column.selectbox("Order by (highest first)", list(ORDERS), key="stats_order")
-shown = stats[stats["count"] >= min_count]  # by count already
+kept = stats[stats["count"] >= min_count]  # by count already
 if order != "count":
-    shown = shown.sort_values(ORDERS[order], ascending=False, na_position="last", kind="stable")
-shown = common.page_of(st, shown.reset_index(drop=True), TABLE_ROWS, "stats_page")
-kept = int((stats["count"] >= min_count).sum())
-st.caption(f"{kept:,} of {len(stats):,} token texts in steps {first}..{last} of {common.md(run)} (train tokens), "
+    kept = kept.sort_values(ORDERS[order], ascending=False, na_position="last", kind="stable")
+shown = common.page_of(st, kept.reset_index(drop=True), TABLE_ROWS, "stats_page")
+st.caption(f"{len(kept):,} of {len(stats):,} token texts in steps {first}..{last} of {common.md(run)} (train tokens), "
            f"{TABLE_ROWS:,} a page. Clip rates, |gradient weight| and |ratio − 1| are per token and optimisation "
            "pass. Click a column to sort the page, a row to list the rollouts that hold the token.")
 rate = st.column_config.NumberColumn(format="%.3f")
