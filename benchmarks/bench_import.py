@@ -22,7 +22,6 @@ and written together, so memory follows the step size, not the number of steps. 
 from __future__ import annotations
 
 import argparse
-import itertools
 import json
 import math
 import os
@@ -35,24 +34,23 @@ import tempfile
 import time
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # the benchmarks beside this one
+from bench_dashboard import REAL_VOCABULARY, zipf_tokens
+
 FORMATS = ("prime-rl", "nemo-rl", "slime")
 
 
-VOCABULARY_SIZE = 151_936
-"""Token ids are drawn from a vocabulary of this size (Qwen2's, the policies most reasoning runs train)."""
-
-
 def token_draw(rng: random.Random, ids: str):
-    """`draw(k)`: k token ids. "zipf": the id of frequency rank r drawn with probability ~ 1/r (Zipf's law with
-    exponent 1, as words of a text; the ranks mapped to ids in random order), so a step of 750k tokens holds ~90k
-    distinct ids, most of them rare; "uniform": every id of the first 50,000 alike, the worst case for anything
-    kept per token text (a step's token texts x position buckets nearly all distinct)."""
+    """`draw(k)`: k token ids. "zipf": by Zipf's law over a real vocabulary, as the dashboard benchmark draws them
+    (bench_dashboard.zipf_tokens), so a step of 750k tokens holds ~90k distinct ids, most of them rare; "uniform":
+    every id of the first 50,000 alike, the worst case for anything kept per token text (a step's token texts x
+    position buckets nearly all distinct)."""
     if ids == "uniform":
         return lambda k: [rng.randrange(50_000) for _ in range(k)]
-    by_rank = list(range(VOCABULARY_SIZE))
-    rng.shuffle(by_rank)
-    cumulative = list(itertools.accumulate(1 / rank for rank in range(1, VOCABULARY_SIZE + 1)))
-    return lambda k: rng.choices(by_rank, cum_weights=cumulative, k=k)
+    import numpy as np
+
+    numbers = np.random.default_rng(rng.randrange(2**32))
+    return lambda k: zipf_tokens(numbers, REAL_VOCABULARY, k)[0].tolist()
 
 
 def _sequences(samples: int, tokens: int, steps: int, ids: str, seed: int = 0):
