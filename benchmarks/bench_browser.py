@@ -153,14 +153,23 @@ FLOOR_APPS = {  # name -> the whole app
 }
 
 
+def streamlit_alone(app: Path, port: int) -> list[str]:
+    """The command line serving `app` with the dashboard's server options, by Streamlit alone (no PolicyLens
+    warm-up, no logs folder)."""
+    from engine.cli import dashboard_command
+
+    command = dashboard_command(str(app.parent), "127.0.0.1", port)
+    command[command.index("run") + 1] = str(app)
+    command[1:command.index("run")] = ["-m", "streamlit"]
+    return command[:command.index("--")]
+
+
 def measure_floor(repeat: int) -> dict[str, list[float]]:
     """First load and reload of each FLOOR_APPS app, `repeat` times, each time on a server started for it with the
     dashboard's server options."""
     import tempfile
 
     from playwright.sync_api import sync_playwright
-
-    from engine.cli import dashboard_command
 
     results: dict[str, list[float]] = {}
     with tempfile.TemporaryDirectory() as folder, sync_playwright() as playwright:
@@ -170,10 +179,7 @@ def measure_floor(repeat: int) -> dict[str, list[float]]:
                 app = Path(folder) / "app.py"
                 app.write_text(source)
                 port = screenshots.free_port()
-                command = dashboard_command(folder, "127.0.0.1", port)
-                command[command.index("run") + 1] = str(app)  # the same options, another app, Streamlit alone
-                command[1:command.index("run")] = ["-m", "streamlit"]
-                with screenshots.serve(command[:command.index("--")], port, LOAD_TIMEOUT_S) as url:
+                with screenshots.serve(streamlit_alone(app, port), port, LOAD_TIMEOUT_S) as url:
                     context = browser.new_context(viewport={"width": 1400, "height": 1000})
                     page = context.new_page()
                     watch = widgets.ServerWatch().attach(page)
@@ -232,8 +238,6 @@ def measure_figures(logs_dir: Path, run: str, step: int, longest: tuple[int, int
     import plotly
     from playwright.sync_api import sync_playwright
 
-    from engine.cli import dashboard_command
-
     specs = page_figures(logs_dir, run, step, longest, page_name)
     results: dict[str, list[float]] = {}
     with tempfile.TemporaryDirectory() as folder, sync_playwright() as playwright:
@@ -243,15 +247,12 @@ def measure_figures(logs_dir: Path, run: str, step: int, longest: tuple[int, int
         app = Path(folder) / "app.py"
         app.write_text(FIGURES_APP)
         port = screenshots.free_port()
-        command = dashboard_command(folder, "127.0.0.1", port)
-        command[command.index("run") + 1] = str(app)
-        command[1:command.index("run")] = ["-m", "streamlit"]
         os.environ["FIGURES_DIR"] = folder
         browser = screenshots.launch_browser(playwright)
         variants = {"no figure (the header only)": "figures=none", f"all {len(specs)} figures": "figures=all",
                     f"all {len(specs)} figures, theme=None": "figures=all&theme=none",
                     **{f"figure {k} alone": f"figures={k}" for k in range(len(specs))}}
-        with screenshots.serve(command[:command.index("--")], port, LOAD_TIMEOUT_S) as url:
+        with screenshots.serve(streamlit_alone(app, port), port, LOAD_TIMEOUT_S) as url:
             context = browser.new_context(viewport={"width": 1400, "height": 1000})
             page = context.new_page()
             watch = widgets.ServerWatch().attach(page)
