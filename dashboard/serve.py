@@ -9,6 +9,10 @@ Nothing is imported on the thread while Streamlit imports its own modules: plotl
 without waiting for it, so importing pandas there while Streamlit imported plotly once stopped the server. torch
 waits for Streamlit's runtime to exist (the server is then past its imports).
 
+Before the server starts, the installed plotly's plotly.js is put where Streamlit's static file serving finds it
+and that serving is turned on (`dashboard.figures`: the pages draw their figures with it); when the folder cannot
+be written, the figures are drawn by `st.plotly_chart` instead.
+
 torch computes on one thread here (OMP_NUM_THREADS=1 unless set): what the pages ask of it (objectives and
 corrections, 32 completions at a time) is a few hundred small operations, and torch's second thread waits, spinning,
 for a core the browser is drawing on: a step's table of corrections took 0.87 s on two threads with the other core
@@ -41,13 +45,15 @@ def main(argv: list[str]) -> None:
     from streamlit.runtime import Runtime  # noqa: F401  (for `_warm_up`)
     from streamlit.web import cli
 
-    from dashboard import charts, common, queries  # noqa: F401  pandas, pyarrow, DuckDB, plotly, streamlit
+    from dashboard import charts, common, figures, queries  # noqa: F401  pandas, pyarrow, DuckDB, plotly, streamlit
 
     os.environ.setdefault("OMP_NUM_THREADS", "1")  # read by torch when it is imported (see above)
 
     # the folder exactly as the app will name it (the reader's cache key)
     logs_dir = common.logs_dir(argv[argv.index("--") + 1:] if "--" in argv else [])
     threading.Thread(target=_warm_up, args=(logs_dir,), name="policylens-warm-up", daemon=True).start()
+    if argv[:1] == ["run"] and figures.publish_plotly_js():
+        argv = [*argv[:2], "--server.enableStaticServing", "true", *argv[2:]]
     sys.argv = ["streamlit", *argv]
     cli.main()
 

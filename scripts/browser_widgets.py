@@ -80,6 +80,7 @@ class ServerWatch:
     finished: int = 0
     running: bool = False
     last_message: float = field(default_factory=time.monotonic)
+    action_started: float = 0.0  # time.monotonic() of the last widget change `change_every_widget` made
     statuses: list[str] = field(default_factory=list)
     problems: list[str] = field(default_factory=list)
     _lock: threading.Lock = field(default_factory=threading.Lock)
@@ -348,6 +349,7 @@ def change_every_widget(page, watch: ServerWatch, skip: set[str] = frozenset()):
         done.add(widget["name"])
         before = watch.count()
         started = page.evaluate("() => { window.__committed = null; return performance.now(); }")
+        watch.action_started = time.monotonic()
         try:
             reruns = change(page, widget)
             wait_idle(page, watch, before if reruns else None)

@@ -38,6 +38,18 @@ TINY = dict(
 """The tiny config every engine test starts from: a few seconds per run on one CPU thread."""
 
 
+@pytest.fixture(autouse=True, scope="session")
+def figures_served():
+    """The pages draw their figures as a server started by `policylens dashboard` does (`dashboard.figures`):
+    plotly.js published, Streamlit's static file serving on (for AppTest too, which serves nothing)."""
+    from streamlit import config
+
+    from dashboard import figures
+
+    assert figures.publish_plotly_js()
+    config.set_option("server.enableStaticServing", True)
+
+
 def tiny_config(**overrides):
     from engine.config import TrainConfig
 

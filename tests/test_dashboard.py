@@ -88,11 +88,18 @@ def array(field) -> np.ndarray:
     return np.asarray(field)
 
 
+def drawn_figures(at: AppTest) -> dict[str, dict]:
+    """Every plotly figure of the page, as plotly JSON by element id (which ends with its key): the components of
+    `dashboard.figures.show`, and Streamlit's charts (its fallback)."""
+    figures = {e.proto.id: json.loads(json.loads(e.proto.json)["figure"]) for e in at.get("bidi_component")}
+    return figures | {chart.proto.id: json.loads(chart.proto.spec) for chart in at.get("plotly_chart")}
+
+
 def plotly_spec(at: AppTest, key: str) -> dict:
-    for chart in at.get("plotly_chart"):
-        if key in chart.proto.id:
-            return json.loads(chart.proto.spec)
-    raise AssertionError(f"no plotly chart with key {key!r}")
+    for element_id, spec in drawn_figures(at).items():
+        if key in element_id:
+            return spec
+    raise AssertionError(f"no plotly figure with key {key!r}")
 
 
 # ---------------------------------------------------------------- the runs used
@@ -821,7 +828,9 @@ def page_without_torch(logs_dir, run: str, page: str) -> dict:
                     raise ImportError("torch is not importable in this test")
 
         sys.meta_path.insert(0, NoTorch())
+        from streamlit import config
         from streamlit.testing.v1 import AppTest
+        config.set_option("server.enableStaticServing", True)  # as tests/conftest.py does for this process
         os.environ["POLICYLENS_LOGS_DIR"] = {str(logs_dir)!r}
         at = AppTest.from_file({APP!r}, default_timeout={TIMEOUT})
         at.query_params["run"] = {run!r}
@@ -830,7 +839,8 @@ def page_without_torch(logs_dir, run: str, page: str) -> dict:
         print(json.dumps({{
             "exceptions": [e.message for e in at.exception], "headers": [h.value for h in at.header],
             "subheaders": [h.value for h in at.subheader], "html": len(at.get("html")),
-            "charts": [c.proto.id for c in at.get("plotly_chart")], "errors": [e.value for e in at.error],
+            "charts": [c.proto.id for c in [*at.get("plotly_chart"), *at.get("bidi_component")]],
+            "errors": [e.value for e in at.error],
             "pickers": [m.key for m in at.multiselect], "editors": [d.key for d in at.dataframe],
             "torch": "torch" in sys.modules}}))
     """)

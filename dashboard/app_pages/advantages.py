@@ -11,7 +11,7 @@ from __future__ import annotations
 import pandas as pd
 import streamlit as st
 
-from dashboard import advantage_charts, common, queries, recompute
+from dashboard import advantage_charts, common, figures, queries, recompute
 
 selection = common.require_selection()
 logs, run, step = selection.logs_dir, selection.run, selection.step
@@ -63,8 +63,8 @@ own_steps = steps[steps["rollout_id"] == highlight]
 # The highlighted completion's token texts, for the hover of one-token bins only.
 own_tokens = (common.load("the tokens", queries.critic_tokens, logs, run, step, (highlight,))
               if int(token_bins["width"].iloc[0]) == 1 else None)
-st.plotly_chart(advantage_charts.advantage_schemes(schemes, list(recompute.SCHEMES), labels, highlight, own_steps,
-                                                   own_tokens), key="advantage_schemes")
+figures.show(st, advantage_charts.advantage_schemes(schemes, list(recompute.SCHEMES), labels, highlight, own_steps,
+                                                    own_tokens), key="advantage_schemes")
 
 has_critic = (schemes["scheme"] == "ppo_gae").any()
 notes = []

@@ -13,7 +13,7 @@ import numpy as np
 import pandas as pd
 import streamlit as st
 
-from dashboard import charts, common, queries, recompute
+from dashboard import charts, common, figures, queries, recompute
 from engine.algorithms import ALGORITHMS, OBJECTIVES, uses_critic
 from engine.algorithms import defaults as algorithm_defaults
 
@@ -179,8 +179,8 @@ labels = [f"r{rid} g{common.plain(g)}#{common.plain(i)} A={common.number(a, '+.2
 st.subheader("Gradient weight per token")
 if len(labels) > MAX_HEATMAP_ROWS:  # more rows are unreadable and slow to ship to the browser
     st.caption(f"The first {MAX_HEATMAP_ROWS} of {len(labels)} completions; totals and clip fractions use all.")
-st.plotly_chart(charts.weight_heatmaps({a: w.heatmap for a, w in results.items()}, labels[:MAX_HEATMAP_ROWS],
-                                       positions=positions, bin_width=width), key="weight_heatmaps")
+figures.show(st, charts.weight_heatmaps({a: w.heatmap for a, w in results.items()}, labels[:MAX_HEATMAP_ROWS],
+                                        positions=positions, bin_width=width), key="weight_heatmaps")
 
 left, right = st.columns(2)
 totals = pd.DataFrame([  # length: the tokens the objective saw (the logged `length` column may be left out)
@@ -189,10 +189,10 @@ totals = pd.DataFrame([  # length: the tokens the objective saw (the logged `len
     for label, n, a, t in zip(labels, lengths, logged_advantage, w.total_weight, strict=True)
 ])
 left.markdown("**Total weight of each completion against its length** (length bias)")
-left.plotly_chart(charts.total_weight_vs_length(totals), key="total_weight_vs_length")
+figures.show(left, charts.total_weight_vs_length(totals), key="total_weight_vs_length")
 fractions = pd.DataFrame([w.clip_fractions for w in results.values()])
 right.markdown("**Clip decisions** (fraction of tokens)")
-right.plotly_chart(charts.clip_fractions(fractions), key="clip_fractions")
+figures.show(right, charts.clip_fractions(fractions), key="clip_fractions")
 common.static_table(right, fractions, {c: ".3f" for c in fractions.columns[1:]})
 
 st.subheader("Where each algorithm clips: ratio × advantage")
@@ -209,14 +209,14 @@ if any(OBJECTIVES[a].surrogate.startswith("dppo") for a in algorithms):
         help="DPPO bounds p − p_old (TV) or the binary KL, not the ratio: where it masks depends on the token's "
         "probability before the update; ratios above 1 / p_old are out of reach (grey)")
 regions, curves = regions_for(knobs, round(ratio_max, 2), round(adv_max, 2), old_prob)
-st.plotly_chart(charts.clip_regions(regions, scatter), key="clip_regions")
+figures.show(st, charts.clip_regions(regions, scatter), key="clip_regions")
 st.caption("Shaded: the objective's decision for a single token at that ratio and advantage (blue: clipped low, "
            "zero gradient; red: clipped high, zero gradient; purple: capped with the gradient kept; grey: a ratio "
            f"no token with p_old = {old_prob:g} can reach, for DPPO). Dots: this batch's tokens at the ratio each "
            "algorithm uses (GSPO, LUSPO, VESPO: the sequence ratio). Clip-Cov and KL-Cov are drawn as their "
            "surrogate: which tokens their rule picks depends on the whole batch's covariance, not on one token.")
 st.subheader("Gradient weight against the ratio")
-st.plotly_chart(charts.weight_curves(curves), key="weight_curves")
+figures.show(st, charts.weight_curves(curves), key="weight_curves")
 st.caption("Each objective's gradient weight per unit advantage for a single token at that ratio (the sequence "
            "ratio for sequence-level rules), positive A red, negative A blue; 1 (dotted) is the plain policy "
            "gradient: GPG is flat at 1, PPO's clip drops to 0, DPPO truncates the ratio at its cap and masks outside "

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import streamlit as st
 
-from dashboard import charts, common, data, queries
+from dashboard import charts, common, data, figures, queries
 from engine.correction_settings import RATIO_BAND
 
 MAX_CURVE_RUNS = 4  # runs drawn side by side by default
@@ -43,7 +43,7 @@ if runs_with_metrics:
     if chosen:
         curves = common.load("the mismatch curves", queries.mismatch_curves, logs, tuple(chosen),
                              queries.live_signature(logs))
-        st.plotly_chart(charts.metric_curves(curves, data.MISMATCH_CURVES), key="mismatch_curves")
+        figures.show(st, charts.metric_curves(curves, data.MISMATCH_CURVES), key="mismatch_curves")
         st.caption(f"Per step, over the trained tokens: KL(sampler ‖ trainer) = mean(log π_sampler − log π_trainer), "
                    f"chi-square = mean(ρ²) − 1 with ρ = π_trainer / π_sampler, the share of tokens with ρ outside "
                    f"{band}, the share the rejection left out of the loss and the IS weights' effective sample size "
@@ -70,12 +70,12 @@ st.caption("log-ratio = old_logp − sampler_logp = log(π_trainer / π_sampler)
            "says little: the tails are where tokens leave the band.")
 left, right = st.columns(2)
 left.markdown("**Token log-ratios**")
-left.plotly_chart(charts.mismatch_histogram(view.histogram, RATIO_BAND), key="mismatch_histogram")
+figures.show(left, charts.mismatch_histogram(view.histogram, RATIO_BAND), key="mismatch_histogram")
 right.markdown("**Trainer against sampler probability**" + (" (binned)" if view.grid_cells else ""))
-right.plotly_chart(charts.probability_scatter(view.probabilities, view.grid_cells), key="probability_scatter")
+figures.show(right, charts.probability_scatter(view.probabilities, view.grid_cells), key="probability_scatter")
 
 st.markdown(f"**Share of tokens outside {band}**")
-st.plotly_chart(charts.mismatch_buckets(view.buckets), key="mismatch_buckets")
+figures.show(st, charts.mismatch_buckets(view.buckets), key="mismatch_buckets")
 
 st.markdown("**Worst token texts** (most tokens outside the band)")
 worst = view.by_text.assign(token_text=view.by_text["token_text"].map(charts.token_as_text))
@@ -91,7 +91,7 @@ for i, row in enumerate(worst.head(LINKED_TEXTS).itertuples(index=False)):
         query_params={"run": run, "step": step, "rollout": int(row.worst_rollout_id)})
 
 st.markdown("**Per sequence: mismatch against reward and advantage**")
-st.plotly_chart(charts.sequence_mismatch(view.sequences), key="sequence_mismatch")
+figures.show(st, charts.sequence_mismatch(view.sequences), key="sequence_mismatch")
 
 
 # ---------------------------------------------------------------- corrections
@@ -130,8 +130,8 @@ def corrections() -> None:
         return
     index_of = dict(zip(members["rollout_id"].astype(int), members["index_in_group"], strict=True))
     labels = [f"#{common.plain(index_of.get(r))} (rollout {r})" for r in ids]
-    st.plotly_chart(charts.stacked_weight_heatmap(weights, labels, positions=positions, bin_width=width),
-                    key="correction_heatmaps")
+    figures.show(st, charts.stacked_weight_heatmap(weights, labels, positions=positions, bin_width=width),
+                     key="correction_heatmaps")
 
 
 corrections()

@@ -9,7 +9,7 @@ from __future__ import annotations
 import pandas as pd
 import streamlit as st
 
-from dashboard import advantage_charts, common, data, queries
+from dashboard import advantage_charts, common, data, figures, queries
 from dashboard.tokens import reasoning_steps_html
 
 # The worked PRM example: two solutions of 2x + 3 = 7 scored step by step, one right, one wrong from step 2 on.
@@ -90,14 +90,14 @@ def logged_view() -> None:
         if uses_step_rewards:  # with outcome supervision the advantage is one flat line: nothing to show per step
             bins = common.load("the token bins", queries.critic_token_bins, logs, run, step, (rollout_id,),
                                common.SCREEN_BINS)
-            st.plotly_chart(advantage_charts.prm_advantage_line(bins, own, tokens), key="prm_advantage_line")
+            figures.show(st, advantage_charts.prm_advantage_line(bins, own, tokens), key="prm_advantage_line")
     st.markdown(f"**All {len(group)} completions of group {common.md(rollout.group_id)}: step rewards**")
     label = {r: f"#{common.plain(i)}" for r, i in zip(group["rollout_id"], group["index_in_group"], strict=True)}
     # G bars a bin: the bins of steps widen as the group grows, so a panel holds at most STEP_REWARD_BARS bars.
     step_bins = common.load("the step rewards", queries.prm_step_bins, logs, run, step, group_ids,
                             max(1, STEP_REWARD_BARS // len(group)))
     step_bins = step_bins.assign(completion=step_bins["rollout_id"].map(label))
-    st.plotly_chart(advantage_charts.group_step_rewards(step_bins), key="group_step_rewards")
+    figures.show(st, advantage_charts.group_step_rewards(step_bins), key="group_step_rewards")
     labelled = steps.assign(completion=steps["rollout_id"].map(label))
     table = labelled[["completion", "step_index", "text", "reward_raw", "reward_norm"]]
     st.dataframe(common.page_of(st, table, TABLE_ROWS, f"prm_table_page_{rollout_id}"), hide_index=True,
@@ -155,8 +155,8 @@ def sandbox() -> None:
                       for label, values in zip(labels, normalized, strict=True)]),
         hide_index=True, key="prm_sandbox_normalized",
     )
-    st.plotly_chart(advantage_charts.sandbox_advantages(advantages, labels, [sum(n) for n in step_lengths]),
-                    key="prm_sandbox_chart")
+    figures.show(st, advantage_charts.sandbox_advantages(advantages, labels, [sum(n) for n in step_lengths]),
+                     key="prm_sandbox_chart")
 
 
 logged_view()

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import streamlit as st
 
-from dashboard import charts, common, data, queries
+from dashboard import charts, common, data, figures, queries
 
 SPEEDS = {"0.5 steps/s": 2.0, "1 step/s": 1.0, "2 steps/s": 0.5, "4 steps/s": 0.25}
 
@@ -45,11 +45,11 @@ def replay_panel() -> None:
     step = st.select_slider("Step", steps, key="replay_step") if len(steps) > 1 else steps[0]
     common.set_url_value("at", step)
 
-    st.plotly_chart(charts.metric_curves(metrics, upto_step=step, x_range=x_range), key="replay_curves")
+    figures.show(st, charts.metric_curves(metrics, upto_step=step, x_range=x_range), key="replay_curves")
     # The distributions need none of the completions' text (a reasoning step holds ~15 MB), the group's table the
     # start of its own completions only.
     train = common.load("the rollouts", queries.step_rollout_numbers, logs, run, step, "train")
-    st.plotly_chart(charts.step_distributions(train, f" at step {step}"), key="replay_distributions")
+    figures.show(st, charts.step_distributions(train, f" at step {step}"), key="replay_distributions")
 
     # One group of this step, redrawn as the step moves (group ids are per step, so pick by position).
     groups = common.load("the groups", queries.group_summary, logs, run, step)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import streamlit as st
 
-from dashboard import charts, common, data, queries
+from dashboard import charts, common, data, figures, queries
 
 selection = common.require_selection(need_step=False)
 logs = selection.logs_dir
@@ -49,8 +49,8 @@ else:
     smoothing = st.slider("Smoothing", 0.0, 0.99, 0.0, 0.01, key="run_smoothing",
                           help="exponential moving average of each curve, debiased as in TensorBoard and W&B; 0: off. "
                           "The raw points stay drawn, faint.")
-    st.plotly_chart(charts.metric_curves(steps, colours=charts.run_colours(names), smoothing=smoothing),
-                    key="run_curves")
+    figures.show(st, charts.metric_curves(steps, colours=charts.run_colours(names), smoothing=smoothing),
+                     key="run_curves")
 
 st.subheader("Config differences")
 diff = data.config_diff(table[table["run"].isin(compared)])

@@ -6,7 +6,7 @@ import functools
 
 import streamlit as st
 
-from dashboard import charts, common, data, queries, report
+from dashboard import charts, common, data, figures, queries, report
 from dashboard.tokens import CHANNELS, MISMATCH_CHANNELS, token_heatmap_html
 from engine.clip_codes import CLIP_EVENTS, CLIP_NAMES
 
@@ -132,10 +132,8 @@ def text_and_values() -> None:
         start, _ = common.initial_value("window", "window", lambda raw: int(raw) // size * size, starts, starts[0])
         st.session_state["window"] = start
 
-        def jump_to_clicked_bin() -> None:
-            clicked = st.session_state["token_strip"].selection.points
-            if clicked:
-                st.session_state["window"] = min(starts[-1], int(clicked[0]["x"]) // size * size)
+        def jump_to_clicked_bin(x: float) -> None:
+            st.session_state["window"] = min(starts[-1], int(x) // size * size)
 
         choose, how_many = st.columns([5, 1])
         if len(starts) > 1:
@@ -145,8 +143,8 @@ def text_and_values() -> None:
         how_many.selectbox("Window", WINDOW_SIZES, index=WINDOW_SIZES.index(size), key="window_size",
                            format_func=lambda n: f"{n} tokens")
         window = (max(start, first_pos), min(start + size - 1, last_pos))
-        st.plotly_chart(charts.token_overview_strip(bins, channel, window, size), key="token_strip",
-                        on_select=jump_to_clicked_bin, selection_mode="points", config={"displayModeBar": False})
+        figures.show(st, charts.token_overview_strip(bins, channel, window, size), key="token_strip",
+                      on_click=jump_to_clicked_bin, config={"displayModeBar": False})
         common.set_url_value("window", start)
     else:
         window = (first_pos, last_pos)
@@ -168,7 +166,7 @@ def text_and_values() -> None:
     whole = window == (first_pos, last_pos)
     if whole:
         st.subheader("Token × channel")
-        st.plotly_chart(charts.token_channel_heatmap(tokens, channel_names), key="token_channel_heatmap")
+        figures.show(st, charts.token_channel_heatmap(tokens, channel_names), key="token_channel_heatmap")
     with st.expander("Values" if whole else f"Values of tokens {window[0]}–{window[1]}"):
         st.dataframe(tokens.drop(columns=["rollout_id"]), hide_index=True, key="token_values")
 
@@ -179,4 +177,4 @@ if int(bins["tokens"].sum()) > DEFAULT_WINDOW:
     st.subheader("Token × channel")
     st.caption(f"The whole completion, each column the mean of {int(bins['tokens'].max())} tokens or fewer; the "
                "window's exact values are on each token above and in its table of values.")
-    st.plotly_chart(charts.token_channel_bins(bins, channel_names), key="token_channel_heatmap")
+    figures.show(st, charts.token_channel_bins(bins, channel_names), key="token_channel_heatmap")

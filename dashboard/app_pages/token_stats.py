@@ -8,7 +8,7 @@ from urllib.parse import urlencode
 
 import streamlit as st
 
-from dashboard import charts, common, data, entropy_charts, queries, token_data
+from dashboard import charts, common, data, entropy_charts, figures, queries, token_data
 from engine.algorithms import defaults as algorithm_defaults
 
 ASPO = algorithm_defaults("aspo")  # the numbers of the entropy split's caption
@@ -119,7 +119,7 @@ if compared:
         f"{ASPO['entropy_quantile']:.0%} entropy quantile (clip range {ASPO['eps_high_entropy']:g} above it, "
         f"{ASPO['eps_low']:g} below), the same top {1 - ASPO['entropy_quantile']:.0%} of high-entropy 'forking' "
         "tokens that arXiv 2506.01939 finds carry the learning.")
-    st.plotly_chart(charts.entropy_bin_bars(bins, ENTROPY_BINS, queries.ASPO_ENTROPY_QUANTILE), key="stats_entropy")
+    figures.show(st, charts.entropy_bin_bars(bins, ENTROPY_BINS, queries.ASPO_ENTROPY_QUANTILE), key="stats_entropy")
     st.dataframe(bins, hide_index=True, key="stats_entropy_table")
 
 
@@ -132,8 +132,8 @@ def driver_section(ranking: str, per_step, title: str, value: str, value_title: 
     if table.empty:
         st.caption(note)
         return
-    st.plotly_chart(entropy_charts.drivers_over_steps(per_step, table, value, value_title),
-                    key=f"stats_{ranking}_steps")
+    figures.show(st, entropy_charts.drivers_over_steps(per_step, table, value, value_title),
+                     key=f"stats_{ranking}_steps")
     shown = table.assign(token_text=table["token_text"].map(charts.token_as_text))
     unused = ([] if bucket else ["position_from"]) + ([] if (table["cov_rate"] > 0).any() else ["cov_rate"])
     st.dataframe(shown.drop(columns=unused), hide_index=True,
@@ -174,7 +174,7 @@ def drivers_sections() -> None:
     st.markdown("**Entropy against the summed covariance per step**")
     steps_cov = common.load("the covariance per step", queries.covariance_per_step, logs, run, first, last,
                             selection.version)
-    st.plotly_chart(entropy_charts.entropy_against_covariance(steps_cov), key="stats_entropy_covariance")
+    figures.show(st, entropy_charts.entropy_against_covariance(steps_cov), key="stats_entropy_covariance")
     st.caption("Summed covariance: over the step's loss tokens (each token counted once when a step trains in "
                "several epochs). Entropy: the logged mean entropy at sampling (`steps.entropy`). Cui et al. find "
                "the entropy change from one step to the next tracks minus the covariance.")

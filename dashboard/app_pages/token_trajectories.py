@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import streamlit as st
 
-from dashboard import charts, common, data, queries
+from dashboard import charts, common, data, figures, queries
 
 MAX_RUNS = 6
 MARKED_TOKENS = 3
@@ -42,7 +42,7 @@ curves = common.load("the answer-class curves", queries.ref_class_curves, logs, 
 st.caption("Mean over the held-out prompts of each class of log p(whole reference solution, EOS included). "
            "A class the warm start gets wrong (for `linear`: negative answers, whose minus sign it drops) starts "
            "low and rises as RL fixes it.")
-st.plotly_chart(charts.ref_class_curves(curves, charts.run_colours(compared)), key="traj_class_curves")
+figures.show(st, charts.ref_class_curves(curves, charts.run_colours(compared)), key="traj_class_curves")
 
 # ---- one prompt, steps x tokens
 st.subheader("One prompt, token by token")
@@ -83,9 +83,9 @@ marked = data.most_changed_tokens(trajectories, at, MARKED_TOKENS)
 st.caption(f"Colour: p(token) under the policy at each evaluation (rows) for each token of the reference solution "
            f"(columns). Outlined in orange: the evaluation shown at step {at}. Outlined in red, with the change: the "
            f"{MARKED_TOKENS} tokens per run whose probability moved most since the run's first evaluation.")
-st.plotly_chart(charts.ref_trajectory_heatmaps(trajectories, at, marked), key="traj_heatmap")
-st.plotly_chart(charts.marked_token_lines(trajectories[trajectories["step"] <= at], marked,
-                                          charts.run_colours(compared)), key="traj_marked_lines")
+figures.show(st, charts.ref_trajectory_heatmaps(trajectories, at, marked), key="traj_heatmap")
+figures.show(st, charts.marked_token_lines(trajectories[trajectories["step"] <= at], marked,
+                                           charts.run_colours(compared)), key="traj_marked_lines")
 marked_table = marked.assign(token_text=marked["token_text"].map(charts.token_as_text))
 st.dataframe(marked_table.rename(columns={"token_text": "token", "p_first": "p at first eval", "p_now": "p now"}),
              hide_index=True, key="traj_marked")

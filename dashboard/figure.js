@@ -1,0 +1,88 @@
+// One plotly figure of the dashboard, drawn by plotly.js in the page itself (dashboard/figures.py says why).
+// data: {figure: the figure's JSON, config: plotly's config, script: plotly.js's URL on this server,
+//        clickable: send a click on a point to Python (its x, y and trace as the trigger value "click")}.
+
+function plotlyLoaded(url) {
+  // One <script> for the whole page, whatever the number of figures and reruns.
+  if (!window.__policylensPlotly) {
+    window.__policylensPlotly = new Promise((resolve, reject) => {
+      const script = document.createElement("script");
+      script.src = url;
+      script.onload = () => resolve(window.Plotly);
+      script.onerror = () => {
+        window.__policylensPlotly = undefined; // the next figure tries again
+        reject(new Error(`plotly.js was not found at ${url}`));
+      };
+      document.head.appendChild(script);
+    });
+  }
+  return window.__policylensPlotly;
+}
+
+function rgba(colour, alpha) {
+  // A theme colour (#rgb, #rrggbb or rgb(...)) with another opacity; grey when it is none of those.
+  let rgb = null;
+  const hex = /^#([0-9a-f]{3}|[0-9a-f]{6})$/i.exec(colour);
+  if (hex) {
+    const digits = hex[1].length === 3 ? [...hex[1]].map((d) => d + d) : hex[1].match(/../g);
+    rgb = digits.map((d) => parseInt(d, 16));
+  } else {
+    const parts = /^rgba?\(([^)]*)\)$/.exec(colour);
+    if (parts) rgb = parts[1].split(/[ ,/]+/).slice(0, 3).map(Number);
+  }
+  if (!rgb || rgb.some(Number.isNaN)) rgb = [128, 128, 128];
+  return `rgba(${rgb.join(",")},${alpha})`;
+}
+
+function themeTemplate(element) {
+  // The app's theme, as Streamlit gives it to components in CSS variables: text, fonts and chart colours.
+  const style = getComputedStyle(element);
+  const value = (name) => style.getPropertyValue(`--st-${name}`).trim();
+  const text = value("text-color") || "#31333f";
+  const axis = { gridcolor: rgba(text, 0.1), linecolor: rgba(text, 0.2), zerolinecolor: rgba(text, 0.3),
+                 tickcolor: rgba(text, 0.2), automargin: true };
+  const categorical = value("chart-categorical-colors").split(",").map((c) => c.trim()).filter(Boolean);
+  return {
+    layout: {
+      font: { family: value("font") || "sans-serif", color: text },
+      paper_bgcolor: "rgba(0,0,0,0)",
+      plot_bgcolor: "rgba(0,0,0,0)",
+      ...(categorical.length ? { colorway: categorical } : {}),
+      xaxis: axis,
+      yaxis: axis,
+      hoverlabel: { bgcolor: value("secondary-background-color") || "#f0f2f6", font: { color: text } },
+      legend: { bgcolor: "rgba(0,0,0,0)" },
+    },
+  };
+}
+
+export default function (component) {
+  const { data, parentElement, setTriggerValue } = component;
+  let plot = parentElement.querySelector("div.policylens-figure");
+  if (!plot) {
+    plot = document.createElement("div");
+    plot.className = "policylens-figure";
+    plot.style.width = "100%";
+    parentElement.appendChild(plot);
+    // Follows the column's width; an observer of a removed figure goes with it (a window listener would not).
+    new ResizeObserver(() => {
+      if (plot._fullLayout && window.Plotly) window.Plotly.Plots.resize(plot);
+    }).observe(plot);
+  }
+  plotlyLoaded(data.script).then((Plotly) => {
+    const figure = JSON.parse(data.figure);
+    const layout = { ...figure.layout, template: themeTemplate(parentElement) };
+    const config = { displaylogo: false, showSendToCloud: false, ...data.config };
+    return Plotly.react(plot, figure.data, layout, config).then(() => {
+      plot.removeAllListeners?.("plotly_click");
+      if (data.clickable) {
+        plot.on("plotly_click", (event) => {
+          const point = event.points[0];
+          if (point) setTriggerValue("click", { x: point.x, y: point.y, curve: point.curveNumber });
+        });
+      }
+    });
+  }).catch((error) => {
+    plot.textContent = `This figure could not be drawn: ${error.message}`;
+  });
+}
