@@ -193,14 +193,19 @@ def measure_floor(repeat: int) -> dict[str, list[float]]:
 FIGURES_APP = """import os, pathlib
 import plotly.io as pio
 import streamlit as st
+from dashboard import figures
 st.header("Figures")
 theme = {"streamlit": "streamlit", "none": None}.get(st.query_params.get("theme", "streamlit"), "streamlit")
 for path in sorted(pathlib.Path(os.environ["FIGURES_DIR"]).glob("*.json"), key=lambda p: int(p.stem)):
     if st.query_params.get("figures", "all") in ("all", path.stem):
-        st.plotly_chart(pio.from_json(path.read_text()), key=path.stem, theme=theme)
+        if st.query_params.get("element") == "dashboard":
+            figures.show(st, pio.from_json(path.read_text()), key=path.stem)
+        else:
+            st.plotly_chart(pio.from_json(path.read_text()), key=path.stem, theme=theme)
 """
-"""The app of `--figures`: the figures (Plotly JSON files) of a folder, all of them or one (?figures=K), with
-Streamlit's theme or without it (?theme=none), each drawn as the dashboard draws it (`st.plotly_chart`)."""
+"""The app of `--figures`: the figures (Plotly JSON files) of a folder, all of them or one (?figures=K), each drawn
+by Streamlit's chart element (`st.plotly_chart`, with Streamlit's theme or without it: ?theme=none) or as the
+dashboard draws it (?element=dashboard: `dashboard.figures.show`, plotly.js served by this app)."""
 
 BARE_PLOTLY_DRAW = """async (spec) => { const f = JSON.parse(spec); const t = performance.now();
     Plotly.purge('g'); await Plotly.newPlot('g', f.data, f.layout, {});
@@ -229,15 +234,19 @@ def page_figures(logs_dir: Path, run: str, step: int, longest: tuple[int, int], 
 def measure_figures(logs_dir: Path, run: str, step: int, longest: tuple[int, int], page_name: str,
                     repeat: int) -> dict[str, list[float]]:
     """Where a page's browser time goes: its figures (`page_figures`) reloaded in an app of nothing else
-    (`FIGURES_APP`: all of them with Streamlit's theme, without it, each alone, and none: the header only), and
-    each drawn by bare Plotly (`Plotly.newPlot` of plotly.py's own plotly.min.js in an empty page), in the same
+    (`FIGURES_APP`: all of them by Streamlit's chart element with its theme, without it, as the dashboard draws them
+    (`dashboard.figures`), each alone both ways, and none: the header only), and each drawn by bare Plotly (`Plotly.newPlot` of plotly.py's own plotly.min.js in an empty page), in the same
     browser, `repeat` times."""
     import os
+    import shutil
     import tempfile
 
     import plotly
     from playwright.sync_api import sync_playwright
 
+    from dashboard import figures
+
+    figures.publish_plotly_js()
     specs = page_figures(logs_dir, run, step, longest, page_name)
     results: dict[str, list[float]] = {}
     with tempfile.TemporaryDirectory() as folder, sync_playwright() as playwright:
@@ -246,13 +255,19 @@ def measure_figures(logs_dir: Path, run: str, step: int, longest: tuple[int, int
             print(f"    figure {k}: {len(spec) / 1e3:.0f} kB of JSON", flush=True)
         app = Path(folder) / "app.py"
         app.write_text(FIGURES_APP)
+        (Path(folder) / "static").mkdir()  # what `dashboard.figures.show` loads plotly.js from, as the dashboard
+        shutil.copy(figures.STATIC_DIR / figures.PLOTLY_JS, Path(folder) / "static")
         port = screenshots.free_port()
         os.environ["FIGURES_DIR"] = folder
         browser = screenshots.launch_browser(playwright)
         variants = {"no figure (the header only)": "figures=none", f"all {len(specs)} figures": "figures=all",
                     f"all {len(specs)} figures, theme=None": "figures=all&theme=none",
-                    **{f"figure {k} alone": f"figures={k}" for k in range(len(specs))}}
-        with screenshots.serve(streamlit_alone(app, port), port, LOAD_TIMEOUT_S) as url:
+                    f"all {len(specs)} figures, as the dashboard draws them": "figures=all&element=dashboard",
+                    **{f"figure {k} alone": f"figures={k}" for k in range(len(specs))},
+                    **{f"figure {k} alone, as the dashboard": f"figures={k}&element=dashboard"
+                       for k in range(len(specs))}}
+        command = [*streamlit_alone(app, port), "--server.enableStaticServing", "true"]
+        with screenshots.serve(command, port, LOAD_TIMEOUT_S) as url:
             context = browser.new_context(viewport={"width": 1400, "height": 1000})
             page = context.new_page()
             watch = widgets.ServerWatch().attach(page)
