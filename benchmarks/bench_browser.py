@@ -235,8 +235,8 @@ def measure_figures(logs_dir: Path, run: str, step: int, longest: tuple[int, int
                     repeat: int) -> dict[str, list[float]]:
     """Where a page's browser time goes: its figures (`page_figures`) reloaded in an app of nothing else
     (`FIGURES_APP`: all of them by Streamlit's chart element with its theme, without it, as the dashboard draws them
-    (`dashboard.figures`), each alone both ways, and none: the header only), and each drawn by bare Plotly (`Plotly.newPlot` of plotly.py's own plotly.min.js in an empty page), in the same
-    browser, `repeat` times."""
+    (`dashboard.figures`), each alone both ways, and none: the header only), and each drawn by bare Plotly
+    (`Plotly.newPlot` of plotly.py's own plotly.min.js in an empty page), in the same browser, `repeat` times."""
     import os
     import shutil
     import tempfile

@@ -318,7 +318,7 @@ def _keys(*expressions: str) -> str:
     return ", ".join(e for e in expressions if e)
 
 
-def _covariance_sums(split: _Split, exact_group: str, summary_group: str) -> str:
+def _covariance_sums(split: _Split, exact_group: str, summary_group: str, per_text: bool = False) -> str:
     """Per step, pass and `group` (more GROUP BY expressions over `_LOSS_TOKEN_PASSES`, named): rows n, the summed
     covariance (A - mean A)(log pi - mean log pi) of Cui et al., the means over the pass's loss tokens and log pi
     the pass's new log-prob (the quantity Clip-Cov and KL-Cov select by: `engine.objectives.token_covariance`, verl
@@ -329,7 +329,11 @@ def _covariance_sums(split: _Split, exact_group: str, summary_group: str) -> str
     with the pass's means: one aggregation over the rows, where a window for the means and a product per row took
     1.7-1.8 times as long (benchmarks/bench_token_drivers.py). A critic run's loss saw its advantages whitened with the
     step's (mean, std) (`as_loss_used`): its covariance is divided by that std. A pass spread over several
-    processes is one batch here, where each process's loss took its own means."""
+    processes is one batch here, where each process's loss took its own means.
+
+    `per_text` (the groups are token_text, position_from): the summary's rows, already one per step, pass, text and
+    position bucket, are not grouped again; only the groups where some row lacks one of the covariance's sums, which
+    a grouping would have ignored, are (`_summary_loss_rows`)."""
     parts = []
     if split.any_exact:
         parts.append(f"""
@@ -338,7 +342,9 @@ def _covariance_sums(split: _Split, exact_group: str, summary_group: str) -> str
                    count(kl) AS kl_rows, sum(entropy) AS entropy_sum,
                    count(*) FILTER (WHERE clip = {CLIP_COV}) AS cov_rows
             FROM ({_LOSS_TOKEN_PASSES}) WHERE {split.exact} GROUP BY ALL""")
-    if split.any_summary:
+    if split.any_summary and per_text:
+        parts.append(_summary_loss_rows(split, summary_group))
+    elif split.any_summary:
         parts.append(f"""
             SELECT {_keys("step", '"pass"', summary_group)}, sum(rows)::BIGINT AS n, sum(advantage_sum) AS sum_a,
                    sum(logp_sum) AS sum_logp, sum(advantage_logp_sum) AS sum_a_logp, sum(kl_sum) AS kl_sum,
@@ -355,6 +361,38 @@ def _covariance_sums(split: _Split, exact_group: str, summary_group: str) -> str
         FROM sums s JOIN means m USING (step, "pass") LEFT JOIN steps w ON w.run = $run AND w.step = s.step"""
 
 
+def _summary_loss_rows(split: _Split, keys: str) -> str:
+    """The token summary's loss rows as `_covariance_sums`' groups per step, pass, token_text and position_from
+    (`keys`: the last two, over the summary's columns), without grouping them all again.
+
+    Every column is a sum, and the covariance of a group is linear in its sums, so rows of the same group (two
+    processes' rows, two 4-position buckets of one 8-position bucket) can each take their share and be added up
+    later. Not where a row lacks one of the covariance's sums (NULL): a grouping adds the others' and keeps the
+    group, a row's share would drop the row. Those groups, and only those, are summed first. A real vocabulary's
+    10M-token run has ~2.7M loss rows and ~150k token texts: with every row grouped again the drivers took 1.23-1.43
+    s over the whole run, 0.75-0.85 s without (split by 8 positions: 7.2-7.6 -> 4.5-5.0 s; docs/benchmarks.md)."""
+    same = ('q.step = r.step AND q."pass" = r."pass" AND q.token_text IS NOT DISTINCT FROM r.token_text '
+            "AND q.position_from IS NOT DISTINCT FROM r.position_from")
+    return f"""
+        SELECT * FROM (
+        WITH summary_rows AS (
+            SELECT step, "pass", {keys}, rows::BIGINT AS n, advantage_sum AS sum_a, logp_sum AS sum_logp,
+                   advantage_logp_sum AS sum_a_logp, kl_sum, kl_rows::BIGINT AS kl_rows, entropy_sum,
+                   cov_rows::BIGINT AS cov_rows
+            FROM ({_summary_rows("loss", split, "token_text, position_from", "run = $run")})
+        ), partial AS (
+            SELECT DISTINCT step, "pass", token_text, position_from FROM summary_rows
+            WHERE sum_a IS NULL OR sum_logp IS NULL OR sum_a_logp IS NULL
+        )
+        SELECT r.* FROM summary_rows r ANTI JOIN partial q ON {same}
+        UNION ALL BY NAME
+        SELECT step, "pass", token_text, position_from, sum(n)::BIGINT AS n, sum(sum_a) AS sum_a,
+               sum(sum_logp) AS sum_logp, sum(sum_a_logp) AS sum_a_logp, sum(kl_sum) AS kl_sum,
+               sum(kl_rows)::BIGINT AS kl_rows, sum(entropy_sum) AS entropy_sum, sum(cov_rows)::BIGINT AS cov_rows
+        FROM summary_rows r SEMI JOIN partial q ON {same} GROUP BY ALL
+        )"""
+
+
 def covariance_drivers(reader, run: str, first: int, last: int, bucket: int, top: int = 20) -> pd.DataFrame:
     """Per step, the token texts (per position bucket of `bucket` positions when bucket > 0) that are among the
     `top` of steps first..last by summed covariance or by summed KL to the reference (token x pass rows).
@@ -366,15 +404,15 @@ def covariance_drivers(reader, run: str, first: int, last: int, bucket: int, top
     def by_position(position: str) -> str:
         return f"{position_from_sql(position, '$bucket')} AS position_from"
 
-    # The ranking sums each text's rows over the range straight from the per-step sums, and only the ranked texts'
-    # rows are summed per step: a real vocabulary's 10M-token run has ~1.3M (step, text) groups, where summing them
-    # all per step first, then ranking, took 1.4 times as long.
+    # The ranking sums each text's rows over the range straight from the summary's rows (`per_text`), and only the
+    # ranked texts' rows are summed per step: a real vocabulary's 10M-token run has ~1.3M (step, text) groups, where
+    # summing them all per step first, then ranking, took 1.4 times as long.
     return _consistent(reader, [run], first, last, bucket, lambda splits: reader.sql(
         f"""
         WITH sums AS MATERIALIZED (
             SELECT step, token_text, position_from, n, covariance_sum, kl_sum, kl_rows, entropy_sum, cov_rows
             FROM ({_covariance_sums(splits[run], "token_text, " + by_position("position"),
-                                    "token_text, " + by_position("position_from"))})
+                                    "token_text, " + by_position("position_from"), per_text=True)})
         ), ranked AS (
             SELECT token_text, position_from,
                    rank() OVER (ORDER BY sum(covariance_sum) DESC NULLS LAST) <= $top AS top_covariance,
