@@ -35,14 +35,15 @@ function rgba(colour, alpha) {
 }
 
 function themeTemplate(element) {
-  // The app's theme, as Streamlit gives it to components in CSS variables: text, fonts and chart colours.
+  // The app's theme, as Streamlit gives it to components in CSS variables: {background, plotly: a template of its
+  // text, fonts and chart colours}.
   const style = getComputedStyle(element);
   const value = (name) => style.getPropertyValue(`--st-${name}`).trim();
   const text = value("text-color") || "#31333f";
   const axis = { gridcolor: rgba(text, 0.1), linecolor: rgba(text, 0.2), zerolinecolor: rgba(text, 0.3),
                  tickcolor: rgba(text, 0.2), automargin: true };
   const categorical = value("chart-categorical-colors").split(",").map((c) => c.trim()).filter(Boolean);
-  return {
+  return { background: value("background-color") || "white", plotly: {
     layout: {
       font: { family: value("font") || "sans-serif", color: text },
       paper_bgcolor: "rgba(0,0,0,0)",
@@ -53,7 +54,16 @@ function themeTemplate(element) {
       hoverlabel: { bgcolor: value("secondary-background-color") || "#f0f2f6", font: { color: text } },
       legend: { bgcolor: "rgba(0,0,0,0)" },
     },
-  };
+  } };
+}
+
+// Streamlit's chart element offers a fullscreen view; so does this one (the browser's Fullscreen API on the plot).
+const FULLSCREEN_ICON = { width: 1000, height: 1000,
+  path: "M0 0h400v100H100v300H0zM600 0h400v400H900V100H600zM0 600h100v300h300v100H0zM900 600h100v400H600V900h300z" };
+
+function toggleFullscreen(plot) {
+  if (document.fullscreenElement === plot) document.exitFullscreen();
+  else plot.requestFullscreen();
 }
 
 export default function (component) {
@@ -68,11 +78,24 @@ export default function (component) {
     new ResizeObserver(() => {
       if (plot._fullLayout && window.Plotly) window.Plotly.Plots.resize(plot);
     }).observe(plot);
+    // Full screen, the figure takes the screen's height and the theme's background; back, its own height
+    // (`heightOfFigure`, kept at each draw) and none.
+    plot.addEventListener("fullscreenchange", () => {
+      const full = document.fullscreenElement === plot;
+      plot.style.background = full ? plot.backgroundOfTheme : "";
+      window.Plotly?.relayout(plot, { height: full ? window.innerHeight : plot.heightOfFigure ?? null });
+    });
   }
   plotlyLoaded(data.script).then((Plotly) => {
     const figure = JSON.parse(data.figure);
-    const layout = { ...figure.layout, template: themeTemplate(parentElement) };
-    const config = { displaylogo: false, showSendToCloud: false, ...data.config };
+    const template = themeTemplate(parentElement);
+    plot.heightOfFigure = figure.layout.height;
+    plot.backgroundOfTheme = template.background;  // what a full-screen figure is drawn on
+    const layout = { ...figure.layout, template: template.plotly };
+    const config = { displaylogo: false, showSendToCloud: false,
+                     modeBarButtonsToAdd: [{ name: "fullscreen", title: "Full screen (Esc to leave)",
+                                             icon: FULLSCREEN_ICON, click: toggleFullscreen }],
+                     ...data.config };
     return Plotly.react(plot, figure.data, layout, config).then(() => {
       plot.removeAllListeners?.("plotly_click");
       if (data.clickable) {

@@ -2,8 +2,8 @@
 plotly.js served by the dashboard itself; Streamlit's chart element when the server does not serve it.
 
 Under AppTest: what each way sends (the figure's JSON, plotly.js's URL). In chromium (slow): every figure of a page
-drawn by the served plotly.js, a click on the Token inspector's strip moving its window, and the figures following
-the theme (light or dark, as the browser asks)."""
+drawn by the served plotly.js, a click on the Token inspector's strip moving its window, a figure shown full screen
+and back, and the figures following the theme (light or dark, as the browser asks)."""
 
 from __future__ import annotations
 
@@ -124,6 +124,17 @@ def test_in_a_browser_figures_are_drawn_by_the_served_plotly_a_click_moves_the_w
         page.wait_for_function(
             "document.querySelector('span.pl-token')?.getAttribute('data-position') === '2048'")
         assert "window=2048" in page.url
+
+        # Full screen, as Streamlit's chart element offered: the figure takes the screen's height, then its own.
+        heatmap = page.locator(".policylens-figure.js-plotly-plot").last  # the whole completion, with a mode bar
+        height = heatmap.evaluate("gd => gd._fullLayout.height")
+        heatmap.hover()
+        heatmap.locator("[data-title='Full screen (Esc to leave)']").click()
+        page.wait_for_function("document.fullscreenElement?._fullLayout?.height === window.innerHeight")
+        page.evaluate("document.exitFullscreen()")
+        page.wait_for_function("h => !document.fullscreenElement && "
+                               "[...document.querySelectorAll('.policylens-figure')].pop()._fullLayout.height === h",
+                               arg=height)
 
         # The theme: the figures' text takes the dark theme's colour when the browser asks for dark.
         light = strip.evaluate("gd => gd._fullLayout.font.color")
