@@ -20,9 +20,9 @@ medians of `--repeat` (browser, server and DuckDB share the machine, as they wou
   is turned off again, untimed, so that no tick of it lands in the next changes.
 The run's middle step is used (a step inside the largest compacted chunk, not the small newest folder); the Token
 inspector opens on the run's longest completion, at its step.
-For the loads and the window moves, the part until the server's last message is reported too (the server's
-script run and the transfer of what it drew, for a load after the browser loaded the app and connected): the rest
-is the browser drawing.
+For the loads, the window moves and every interaction, the part until the server's last message is reported too
+(the server's script run and the transfer of what it drew, for a load after the browser loaded the app and
+connected): the rest is the browser drawing.
 Targets (issue 12): interaction < 0.5 s, first page < 3 s, reload < 1.5 s.
 
     python benchmarks/bench_browser.py --floor --repeat 5
