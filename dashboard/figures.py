@@ -1,9 +1,9 @@
 """The dashboard's plotly figures, drawn by plotly.js in the page itself rather than by Streamlit's chart element.
 
-Why: measured in chromium on this project's 2-core machine (docs/benchmarks.md, "Figures drawn by plotly.js
-itself"), Streamlit's chart element spends 0.15-0.2 s on each figure beyond plotly's own drawing (it round-trips
-the figure through JSON to apply its theme, then applies it again once mounted, which makes plotly draw every
-figure twice); a page of five or six figures spent over a second of every change on that alone. Here each figure
+Why: Streamlit's chart element round-trips a figure through JSON to apply its theme, then applies it again once
+mounted, which makes plotly draw every figure twice. Measured in chromium on this project's 2-core machine
+(docs/benchmarks.md, "Figures drawn by plotly.js itself"): a change that redraws Algorithm weighting's five figures
+spent about 1.0 s in the browser through it, 0.35 s this way (2.14 -> 1.46 s in all). Here each figure
 is a Streamlit component (`st.components.v2`, in the page's own document, no iframe) that draws it once with
 `Plotly.react` (so a rerun with new data updates the plot in place), with a template made from the theme Streamlit
 gives components (its text colour, font and chart colours), redrawn when the theme changes.
