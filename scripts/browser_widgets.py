@@ -233,7 +233,8 @@ def _edit_first_editable_cell(page, table, name: str, attempts: int = 3, timeout
 
     Measured on a loaded 2-core machine, about one edit in ten is dropped by the grid itself: the editor opened on
     the right cell, held the typed value, and Enter closed it without a change (no message to the server either);
-    once in a whole suite, the Enter on the selected cell opened no editor at all. Such an edit is made again, with
+    once in a whole suite, the Enter on the selected cell opened no editor at all, and once in five benchmark sweeps
+    the editor closed before it held the typed value (30 s of waiting). Such an edit is made again, with
     a warning, up to `attempts` times; one the app saw and failed on is not."""
     cell = table.locator(EDITABLE_CELL).first
     if not cell.count():
@@ -252,8 +253,13 @@ def _edit_first_editable_cell(page, table, name: str, attempts: int = 3, timeout
             continue
         page.keyboard.press("Control+a")
         page.keyboard.type(value)
-        page.wait_for_function("value => document.activeElement.value === value", arg=value,
-                               timeout=timeout_s * 1000)
+        try:
+            page.wait_for_function("value => document.activeElement.value === value", arg=value,
+                                   timeout=timeout_s * 1000)
+        except PlaywrightTimeoutError:  # the editor closed before it held the value (a rerun redrew the grid)
+            warnings.warn(f"{name}: the editor of cell {cell_id} lost the typed value (attempt {attempt} of "
+                          f"{attempts})", stacklevel=2)
+            continue
         # The editor's value is in the DOM before the grid's own state has it: Enter pressed in between closes the
         # editor with the old value (an edit the grid drops). Two animation frames let the grid take the value.
         page.evaluate("() => new Promise(done => requestAnimationFrame(() => requestAnimationFrame(done)))")
