@@ -247,17 +247,13 @@ def _edit_first_editable_cell(page, table, name: str, attempts: int = 3, timeout
         page.keyboard.press("Enter")
         try:
             page.wait_for_function(GRID_EDITOR, timeout=timeout_s * 1000)
-        except PlaywrightTimeoutError:  # the grid took no Enter (a rerun redrew it and took the keyboard): again
-            warnings.warn(f"{name}: no editor opened on cell {cell_id} (attempt {attempt} of {attempts})",
-                          stacklevel=2)
-            continue
-        page.keyboard.press("Control+a")
-        page.keyboard.type(value)
-        try:
+            page.keyboard.press("Control+a")
+            page.keyboard.type(value)
             page.wait_for_function("value => document.activeElement.value === value", arg=value,
                                    timeout=timeout_s * 1000)
-        except PlaywrightTimeoutError:  # the editor closed before it held the value (a rerun redrew the grid)
-            warnings.warn(f"{name}: the editor of cell {cell_id} lost the typed value (attempt {attempt} of "
+        except PlaywrightTimeoutError:  # no editor opened, or it closed before it held the value (a rerun redrew
+            # the grid and took the keyboard): again
+            warnings.warn(f"{name}: no editor holding the value on cell {cell_id} (attempt {attempt} of "
                           f"{attempts})", stacklevel=2)
             continue
         # The editor's value is in the DOM before the grid's own state has it: Enter pressed in between closes the
