@@ -61,9 +61,50 @@ function themeTemplate(element) {
 const FULLSCREEN_ICON = { width: 1000, height: 1000,
   path: "M0 0h400v100H100v300H0zM600 0h400v400H900V100H600zM0 600h100v300h300v100H0zM900 600h100v400H600V900h300z" };
 
+// How far outside the visible part of the page a figure is drawn ahead of the scroll.
+const VISIBLE_MARGIN = "200px 0px";
+
 function toggleFullscreen(plot) {
   if (document.fullscreenElement === plot) document.exitFullscreen();
   else plot.requestFullscreen();
+}
+
+function scrollingAncestor(element) {
+  // The box the page scrolls in (Streamlit scrolls its main area, not the document), or null: the viewport.
+  for (let node = element.parentElement; node; node = node.parentElement) {
+    if (/(auto|scroll|overlay)/.test(getComputedStyle(node).overflowY)) return node;
+  }
+  return null;
+}
+
+function draw(plot) {
+  // The figure last given to `plot` (plot.pending), drawn once plotly.js is there; the next rerun's figure is drawn
+  // over it in place (Plotly.react).
+  const { data, setTriggerValue, element } = plot.pending;
+  plot.pending = null;
+  plotlyLoaded(data.script).then((Plotly) => {
+    const figure = JSON.parse(data.figure);
+    const template = themeTemplate(element);
+    plot.heightOfFigure = figure.layout.height;
+    plot.backgroundOfTheme = template.background;  // what a full-screen figure is drawn on
+    const layout = { ...figure.layout, template: template.plotly };
+    const config = { displaylogo: false, showSendToCloud: false,
+                     modeBarButtonsToAdd: [{ name: "fullscreen", title: "Full screen (Esc to leave)",
+                                             icon: FULLSCREEN_ICON, click: toggleFullscreen }],
+                     ...data.config };
+    return Plotly.react(plot, figure.data, layout, config).then(() => {
+      plot.style.minHeight = "";  // the placeholder's height (below): the plot has its own now
+      plot.removeAllListeners?.("plotly_click");
+      if (data.clickable) {
+        plot.on("plotly_click", (event) => {
+          const point = event.points[0];
+          if (point) setTriggerValue("click", { x: point.x, y: point.y, curve: point.curveNumber });
+        });
+      }
+    });
+  }).catch((error) => {
+    plot.textContent = `This figure could not be drawn: ${error.message}`;
+  });
 }
 
 export default function (component) {
@@ -73,6 +114,9 @@ export default function (component) {
     plot = document.createElement("div");
     plot.className = "policylens-figure";
     plot.style.width = "100%";
+    // Until it is drawn, the figure keeps its place (its height, plotly's default 450 px): what follows does not
+    // move when it is drawn, and figures further down stay out of sight.
+    plot.style.minHeight = `${JSON.parse(data.figure).layout?.height ?? 450}px`;
     parentElement.appendChild(plot);
     // Follows the column's width; an observer of a removed figure goes with it (a window listener would not).
     new ResizeObserver(() => {
@@ -85,27 +129,14 @@ export default function (component) {
       plot.style.background = full ? plot.backgroundOfTheme : "";
       window.Plotly?.relayout(plot, { height: full ? window.innerHeight : plot.heightOfFigure ?? null });
     });
+    // Drawn when it comes within VISIBLE_MARGIN of the screen: a page's figures below the fold (or in a closed
+    // expander) cost the browser nothing until the user scrolls to them; a figure out of sight that a rerun
+    // changes is drawn when it comes back.
+    new IntersectionObserver((entries) => {
+      plot.visible = entries[entries.length - 1].isIntersecting;
+      if (plot.visible && plot.pending) draw(plot);
+    }, { root: scrollingAncestor(parentElement), rootMargin: VISIBLE_MARGIN }).observe(plot);
   }
-  plotlyLoaded(data.script).then((Plotly) => {
-    const figure = JSON.parse(data.figure);
-    const template = themeTemplate(parentElement);
-    plot.heightOfFigure = figure.layout.height;
-    plot.backgroundOfTheme = template.background;  // what a full-screen figure is drawn on
-    const layout = { ...figure.layout, template: template.plotly };
-    const config = { displaylogo: false, showSendToCloud: false,
-                     modeBarButtonsToAdd: [{ name: "fullscreen", title: "Full screen (Esc to leave)",
-                                             icon: FULLSCREEN_ICON, click: toggleFullscreen }],
-                     ...data.config };
-    return Plotly.react(plot, figure.data, layout, config).then(() => {
-      plot.removeAllListeners?.("plotly_click");
-      if (data.clickable) {
-        plot.on("plotly_click", (event) => {
-          const point = event.points[0];
-          if (point) setTriggerValue("click", { x: point.x, y: point.y, curve: point.curveNumber });
-        });
-      }
-    });
-  }).catch((error) => {
-    plot.textContent = `This figure could not be drawn: ${error.message}`;
-  });
+  plot.pending = { data, setTriggerValue, element: parentElement };
+  if (plot.visible) draw(plot);
 }

@@ -2,8 +2,9 @@
 plotly.js served by the dashboard itself; Streamlit's chart element when the server does not serve it.
 
 Under AppTest: what each way sends (the figure's JSON, plotly.js's URL). In chromium (slow): every figure of a page
-drawn by the served plotly.js, a click on the Token inspector's strip moving its window, a figure shown full screen
-and back, and the figures following the theme (light or dark, as the browser asks)."""
+drawn by the served plotly.js (one further down once scrolled to), a click on the Token inspector's strip moving its
+window, a figure shown full screen and back, and the figures following the theme (light or dark, as the browser
+asks)."""
 
 from __future__ import annotations
 
@@ -93,7 +94,7 @@ def test_without_static_serving_streamlit_draws_the_same_figures():
 
 @pytest.mark.slow
 @pytest.mark.skipif(not Path(CHROMIUM).exists(), reason=f"no chromium at {CHROMIUM} (apt-get install chromium)")
-def test_in_a_browser_figures_are_drawn_by_the_served_plotly_a_click_moves_the_window_and_the_theme_follows(
+def test_in_a_browser_figures_are_drawn_by_the_served_plotly_once_in_sight_a_click_moves_the_window_and_the_theme_follows(
         tmp_path):
     import screenshots  # scripts/screenshots.py (pytest's pythonpath)
     from playwright.sync_api import sync_playwright
@@ -106,6 +107,12 @@ def test_in_a_browser_figures_are_drawn_by_the_served_plotly_a_click_moves_the_w
         page.set_default_timeout(GENEROUS_MS)
         page.goto(f"{url}/tokens?run=long&step=0&rollout=0")
         screenshots.wait_until_rendered(page, GENEROUS_MS)
+        # The strip is drawn; the whole completion's heatmap, further down, only once it is scrolled to.
+        page.wait_for_function("document.querySelectorAll('.js-plotly-plot').length >= 1")
+        heatmap = page.locator(".policylens-figure").last
+        assert heatmap.evaluate("gd => !gd._fullLayout && gd.getBoundingClientRect().top > window.innerHeight + 200")
+        assert heatmap.evaluate("gd => gd.getBoundingClientRect().height") >= 300  # its place kept meanwhile
+        heatmap.scroll_into_view_if_needed()
         page.wait_for_function("document.querySelectorAll('.js-plotly-plot').length >= 2")
         scripts = page.eval_on_selector_all("script[src]", "s => s.map(e => new URL(e.src).pathname)")
         assert f"/app/static/{figures.PLOTLY_JS}" in scripts
@@ -115,6 +122,7 @@ def test_in_a_browser_figures_are_drawn_by_the_served_plotly_a_click_moves_the_w
         # A click on the strip where tokens 2048-2559 are: the window moves there, the text shows them.
         assert page.locator("span.pl-token").first.get_attribute("data-position") == "0"
         strip = page.locator(".policylens-figure.js-plotly-plot").first
+        strip.scroll_into_view_if_needed()  # back up to it
         x, y = strip.evaluate("""gd => {  // token 2300 on the strip's upper line (the cells), in the page's pixels
             const {xaxis, yaxis} = gd._fullLayout, box = gd.getBoundingClientRect();
             return [box.left + xaxis._offset + xaxis.l2p(2300), box.top + yaxis._offset + yaxis._length / 2];
@@ -126,7 +134,6 @@ def test_in_a_browser_figures_are_drawn_by_the_served_plotly_a_click_moves_the_w
         assert "window=2048" in page.url
 
         # Full screen, as Streamlit's chart element offered: the figure takes the screen's height, then its own.
-        heatmap = page.locator(".policylens-figure.js-plotly-plot").last  # the whole completion, with a mode bar
         height = heatmap.evaluate("gd => gd._fullLayout.height")
         heatmap.hover()
         heatmap.locator("[data-title='Full screen (Esc to leave)']").click()
@@ -137,6 +144,7 @@ def test_in_a_browser_figures_are_drawn_by_the_served_plotly_a_click_moves_the_w
                                arg=height)
 
         # The theme: the figures' text takes the dark theme's colour when the browser asks for dark.
+        strip.scroll_into_view_if_needed()  # (a figure out of sight is redrawn when it comes back)
         light = strip.evaluate("gd => gd._fullLayout.font.color")
         page.emulate_media(color_scheme="dark")
         page.wait_for_function("c => document.querySelector('.policylens-figure')._fullLayout.font.color !== c",
