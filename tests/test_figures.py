@@ -94,7 +94,7 @@ def test_without_static_serving_streamlit_draws_the_same_figures():
 
 @pytest.mark.slow
 @pytest.mark.skipif(not Path(CHROMIUM).exists(), reason=f"no chromium at {CHROMIUM} (apt-get install chromium)")
-def test_in_a_browser_figures_are_drawn_by_the_served_plotly_once_in_sight_a_click_moves_the_window_and_the_theme_follows(
+def test_in_a_browser_the_served_plotly_draws_figures_once_in_sight_a_click_moves_the_window_the_theme_follows(
         tmp_path):
     import screenshots  # scripts/screenshots.py (pytest's pythonpath)
     from playwright.sync_api import sync_playwright
