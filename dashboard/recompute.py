@@ -442,7 +442,7 @@ def correction_table(effects: Iterable[CorrectionEffect]) -> pd.DataFrame:
     totals: dict[str, dict] = {}
     for effect in effects:
         w = effect.weight[np.isfinite(effect.weight)].astype(np.float64)
-        touched = (np.abs(np.nan_to_num(effect.weight, nan=1.0) - 1) > UNCHANGED).any(axis=1)  # (B,)
+        touched = (np.abs(effect.weight - 1) > UNCHANGED).any(axis=1)  # (B,) padding (NaN) compares False
         total = totals.setdefault(effect.name, {"source": effect.source, "tokens": 0, "dropped": 0, "reweighted": 0,
                                                 "touched": 0, "sum": 0.0, "sum_sq": 0.0, "min": math.inf,
                                                 "max": -math.inf})

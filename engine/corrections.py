@@ -179,7 +179,8 @@ def _rejection_failures(log_ratio: torch.Tensor, on: torch.Tensor, options: tupl
                         bounds: dict[str, tuple[float | None, float]]) -> tuple[torch.Tensor, torch.Tensor]:
     """(token_failed, sequence_failed): (B, T) bool, a response token rejected by a token / a sequence option."""
     safe = log_ratio.clamp(-SAFETY_BOUND, SAFETY_BOUND)  # verl clamps each token before every statistic
-    stats = {"k1": -safe, "k2": 0.5 * safe**2, "k3": torch.exp(safe) - 1.0 - safe}  # (B, T) each
+    statistic = {"k1": lambda: -safe, "k2": lambda: 0.5 * safe**2, "k3": lambda: torch.exp(safe) - 1.0 - safe}
+    stats = {kind: statistic[kind]() for kind in {option[-2:] for option in options}}  # (B, T) each, those used
     token_failed = torch.zeros_like(on)
     seq_failed = torch.zeros_like(on)
     for option in options:
