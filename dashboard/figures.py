@@ -6,7 +6,9 @@ mounted, which makes plotly draw every figure twice. Measured in chromium on thi
 spent about 1.0 s in the browser through it, 0.35 s this way (2.14 -> 1.46 s in all). Here each figure
 is a Streamlit component (`st.components.v2`, in the page's own document, no iframe) that draws it once with
 `Plotly.react` (so a rerun with new data updates the plot in place), with a template made from the theme Streamlit
-gives components (its text colour, font and chart colours), redrawn when the theme changes.
+gives components (its text colour, font and chart colours), redrawn when the theme changes. A figure is drawn once
+it comes near the visible part of the page (figure.js): a page's figures further down cost the browser nothing until
+the user scrolls to them.
 
 plotly.js is the copy shipped inside the installed plotly package, served by Streamlit's static file serving from
 `dashboard/static/` (`publish_plotly_js`, called by `dashboard.serve` before the server starts; `policylens
