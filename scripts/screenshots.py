@@ -194,6 +194,10 @@ def main(argv: list[str] | None = None) -> int:
                 "() => document.querySelector('[data-testid=\"stMain\"]')?.scrollHeight || 1100"
             )
             page.set_viewport_size({"width": args.width, "height": min(int(height) + 40, 8000)})
+            # Figures are drawn once in sight (dashboard/figure.js): now all of them are.
+            page.wait_for_function("[...document.querySelectorAll('.policylens-figure')].every("
+                                   "f => f._fullLayout || f.getBoundingClientRect().top > window.innerHeight)",
+                                   timeout=180_000)
             time.sleep(1.0)
             target = out / f"{name}.png"
             page.screenshot(path=str(target), full_page=True, timeout=180_000)  # a busy machine draws slowly
