@@ -131,7 +131,7 @@ def corrections() -> None:
     index_of = dict(zip(members["rollout_id"].astype(int), members["index_in_group"], strict=True))
     labels = [f"#{common.plain(index_of.get(r))} (rollout {r})" for r in ids]
     figures.show(st, charts.stacked_weight_heatmap(weights, labels, positions=positions, bin_width=width),
-                     key="correction_heatmaps")
+                 key="correction_heatmaps")
 
 
 corrections()

@@ -156,7 +156,7 @@ def sandbox() -> None:
         hide_index=True, key="prm_sandbox_normalized",
     )
     figures.show(st, advantage_charts.sandbox_advantages(advantages, labels, [sum(n) for n in step_lengths]),
-                     key="prm_sandbox_chart")
+                 key="prm_sandbox_chart")
 
 
 logged_view()

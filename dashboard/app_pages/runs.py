@@ -50,7 +50,7 @@ else:
                           help="exponential moving average of each curve, debiased as in TensorBoard and W&B; 0: off. "
                           "The raw points stay drawn, faint.")
     figures.show(st, charts.metric_curves(steps, colours=charts.run_colours(names), smoothing=smoothing),
-                     key="run_curves")
+                 key="run_curves")
 
 st.subheader("Config differences")
 diff = data.config_diff(table[table["run"].isin(compared)])

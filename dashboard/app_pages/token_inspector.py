@@ -144,7 +144,7 @@ def text_and_values() -> None:
                            format_func=lambda n: f"{n} tokens")
         window = (max(start, first_pos), min(start + size - 1, last_pos))
         figures.show(st, charts.token_overview_strip(bins, channel, window, size), key="token_strip",
-                      on_click=jump_to_clicked_bin, config={"displayModeBar": False})
+                     on_click=jump_to_clicked_bin, config={"displayModeBar": False})
         common.set_url_value("window", start)
     else:
         window = (first_pos, last_pos)

@@ -133,7 +133,7 @@ def driver_section(ranking: str, per_step, title: str, value: str, value_title: 
         st.caption(note)
         return
     figures.show(st, entropy_charts.drivers_over_steps(per_step, table, value, value_title),
-                     key=f"stats_{ranking}_steps")
+                 key=f"stats_{ranking}_steps")
     shown = table.assign(token_text=table["token_text"].map(charts.token_as_text))
     unused = ([] if bucket else ["position_from"]) + ([] if (table["cov_rate"] > 0).any() else ["cov_rate"])
     st.dataframe(shown.drop(columns=unused), hide_index=True,
