@@ -933,6 +933,39 @@ def test_mismatch_page_shows_the_logged_gap_and_what_each_correction_does(traine
     assert plotly_spec(at, "correction_heatmaps")["data"], "one group's weights, a band per correction"
 
 
+def test_mismatch_computes_the_previous_step_ahead_so_moving_there_recomputes_nothing(trained_prm, monkeypatch):
+    """Once Mismatch is drawn at the last step, the server's prefetch thread reads the step before it and computes
+    its corrections: moving the step slider back reads no sampler log-prob and computes no correction, and shows
+    the table a fresh visit computes."""
+    import streamlit as st
+
+    from dashboard import data, prefetch, recompute
+
+    logs_dir, run = trained_prm
+    step = last_step(logs_dir, run)
+    st.cache_data.clear()
+    st.cache_resource.clear()
+    read, computed = [], []
+    sampler_tokens, correction_table = data.sampler_tokens, recompute.correction_table
+    monkeypatch.setattr(data, "sampler_tokens", lambda r, run, s, *a, **k: read.append(s) or
+                        sampler_tokens(r, run, s, *a, **k))
+    monkeypatch.setattr(recompute, "correction_table", lambda *a: computed.append(a) or correction_table(*a))
+    at = open_page(logs_dir, "mismatch", monkeypatch, run=run, step=step)
+    assert prefetch.settled(timeout=120)
+    assert step - 1 in read and len(computed) == 2  # the shown step's and, in advance, the previous one's
+    read.clear()
+    computed.clear()
+    at.select_slider(key="step").set_value(step - 1).run()
+    assert not at.exception
+    assert read == [] and computed == []
+    shown = table(at, "correction", "tokens dropped", "weight mean")
+    st.cache_data.clear()
+    st.cache_resource.clear()
+    fresh = open_page(logs_dir, "mismatch", monkeypatch, run=run, step=step - 1)
+    pd.testing.assert_frame_equal(shown, table(fresh, "correction", "tokens dropped", "weight mean"))
+    assert computed, "the fresh visit computed its table"
+
+
 def test_mismatch_correction_heatmaps_are_binned_to_the_panel(trained_prm, monkeypatch):
     """With 5 columns a panel each TIS-token cell is the mean of min(exp(old - sampler), 2) over
     its bin's tokens of that completion, computed here from the Parquet files: a long group is never sent token by

@@ -343,3 +343,37 @@ def test_replay_tables_receive_a_glance_of_each_long_eval_answer(tmp_path, monke
     assert history["completion_chars"].tolist() == [str(len(a)) for a in answers]
     across = table(at, "run", "completion", "completion_chars")
     assert across["completion"].tolist() == [answers[1][: data.EVAL_PREVIEW_CHARS]]  # its latest at step 1
+
+
+def test_weighting_computes_the_next_step_ahead_so_moving_there_recomputes_nothing(logs, monkeypatch):
+    """Once Algorithm weighting is drawn at step 0, the server's prefetch thread asks the page's queries and
+    objectives for step 1 with the same choices (the whole step, every algorithm shown): moving the step slider
+    then reads no token and asks no objective, and draws what a fresh computation of step 1 gives."""
+    import streamlit as st
+    from engine.runlog import RunReader
+
+    from dashboard import prefetch
+
+    st.cache_data.clear()
+    st.cache_resource.clear()
+    asked, weighed = [], []
+    tokens_at_update, weigh = data.tokens_at_update, recompute.weigh
+    monkeypatch.setattr(data, "tokens_at_update", lambda r, run, step, *a, **k: asked.append(step) or
+                        tokens_at_update(r, run, step, *a, **k))
+    monkeypatch.setattr(recompute, "weigh", lambda *a, **k: weighed.append(a[1]) or weigh(*a, **k))
+    at = open_page(logs, "algorithm_weighting", monkeypatch, run=RUN, step=0)
+    at.radio(key="weigh_scope").set_value("the whole step").run()
+    assert not at.exception
+    assert prefetch.settled(timeout=120)
+    assert asked.count(1) == 1 and weighed.count("grpo") == 2  # step 1's tokens and objectives, once, in advance
+    asked.clear()
+    weighed.clear()
+    at.select_slider(key="step").set_value(1).run()
+    assert not at.exception
+    assert asked == [] and weighed == []
+    heatmap = plotly_spec(at, "weight_heatmaps")["data"][0]  # the registry's first (GRPO), on step 1
+    tokens = data.tokens_at_update(RunReader(logs), RUN, 1, (0, 1, 2), -1)
+    weights = recompute.weigh(recompute.batch_from_tokens(tokens), "grpo", {}).grad_weight
+    binned_weights = recompute.binned_columns(weights, 333)[0]
+    np.testing.assert_allclose(array(heatmap["z"]).reshape(binned_weights.shape), binned_weights, rtol=1e-5,
+                               atol=1e-6 * np.nanmax(np.abs(binned_weights)))

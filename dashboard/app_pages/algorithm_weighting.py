@@ -13,7 +13,7 @@ import numpy as np
 import pandas as pd
 import streamlit as st
 
-from dashboard import charts, common, figures, queries, recompute
+from dashboard import charts, common, figures, prefetch, queries, recompute
 from engine.algorithms import ALGORITHMS, OBJECTIVES, uses_critic
 from engine.algorithms import defaults as algorithm_defaults
 
@@ -80,28 +80,40 @@ knob_table = st.data_editor(  # keyed by the choice: edited knobs belong to the 
 )
 
 
-@st.cache_resource(ttl=queries.STEP_TTL, max_entries=1, show_spinner=False)
-def step_batch(logs: str, run: str, step: int, rollout_ids: tuple, update: int):
-    """The Batch (engine.logrows) of the tokens with a position, or None without any. The last one asked is kept
-    (one in the whole server, shared, not copied: nothing modifies it): editing a knob or adding an algorithm
-    weighs the same tokens again, and reading and batching a step of long completions took 0.3 s of it (float32:
-    about 100 MB for 256 completions of up to 16k tokens)."""
+def read_batch(logs: str, run: str, step: int, rollout_ids: tuple, update: int):
+    """The Batch (engine.logrows) of the tokens with a position, or None without any (float32: about 100 MB for
+    256 completions of up to 16k tokens)."""
     tokens = queries.weighed_tokens(logs, run, step, rollout_ids, update)
     tokens = tokens[tokens["position"].notna()]  # a token logged without its position has no place in (B, T)
     return None if tokens.empty else recompute.batch_from_tokens(tokens, float32=True)
 
 
+@st.cache_resource(ttl=queries.STEP_TTL, max_entries=1, show_spinner=False)
+def step_batch(logs: str, run: str, step: int, rollout_ids: tuple, update: int):
+    """`read_batch`, the last one asked kept (one in the whole server, shared, not copied: nothing modifies it):
+    editing a knob or adding an algorithm weighs the same tokens again, and reading and batching a step of long
+    completions took 0.3 s of it."""
+    return read_batch(logs, run, step, rollout_ids, update)
+
+
 class StepTokens:
     """The objectives' inputs for the chosen tokens (run, step, rollouts, update), asked for only when some answer
     is not cached: the answers (`weighed_tokens`, `weigh_one`) are kilobytes, kept per tokens and knobs; the tokens
-    themselves, hundreds of MB for a whole step of long completions, only the last ones (`step_batch`)."""
+    themselves, hundreds of MB for a whole step of long completions, only the last ones (`step_batch`).
+    `shared=False` (a step computed ahead, `dashboard.prefetch`): read for this object alone, so that it does not
+    push the step on screen out of `step_batch`."""
 
-    def __init__(self, logs: str, run: str, step: int, rollout_ids: tuple, update: int):
+    def __init__(self, logs: str, run: str, step: int, rollout_ids: tuple, update: int, shared: bool = True):
         self.key = (logs, run, step, rollout_ids, update)
+        self.shared = shared
 
     def batch(self):
         """The Batch (engine.logrows) of the tokens with a position, or None without any."""
-        return step_batch(*self.key)
+        return step_batch(*self.key) if self.shared else self._own_batch
+
+    @functools.cached_property
+    def _own_batch(self):
+        return read_batch(*self.key)
 
     @functools.cached_property
     def sample(self) -> np.ndarray:
@@ -169,6 +181,29 @@ for algo, overrides in knobs:
         st.error(f"{algo}: {common.md(refusal)}")
 if not results:
     st.stop()
+
+
+def weigh_step_ahead(next_step: int) -> None:
+    """What this page asks at `next_step` with the same choices (scope, group, update, algorithms and knobs), for
+    `dashboard.prefetch`: the answers land in the caches the page reads."""
+    numbers = queries.step_rollout_numbers(logs, run, next_step, "train")
+    queries.group_summary(logs, run, next_step)
+    numbers = numbers[numbers["rollout_id"].notna()]
+    if group_id is not None:  # the page keeps the group when the next step has it
+        numbers = numbers[numbers["group_id"] == group_id]
+    ids = tuple(int(r) for r in numbers["rollout_id"])
+    if not ids:
+        return
+    passes = queries.update_count(logs, run, next_step, ids)
+    at = update if 0 <= update < passes else passes - 1  # as the update picker: kept while it exists
+    whitened_by = queries.step_whitening(logs, run, next_step)
+    tokens = StepTokens(logs, run, next_step, ids, at, shared=False)
+    if weighed_tokens(logs, run, next_step, ids, at, tokens) is not None:
+        for algo, overrides in knobs:
+            weigh_one(logs, run, next_step, ids, at, algo, overrides, whitened_by, tokens)
+
+
+prefetch.ahead(weigh_step_ahead, prefetch.neighbours(selection.steps, step))
 
 info = chosen.set_index("rollout_id").loc[batch_ids]
 logged_advantage = pd.to_numeric(info["advantage"], errors="coerce").to_numpy(dtype=float)  # NaN: not logged

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import streamlit as st
 
-from dashboard import charts, common, data, figures, queries
+from dashboard import charts, common, data, figures, prefetch, queries
 from engine.correction_settings import RATIO_BAND
 
 MAX_CURVE_RUNS = 4  # runs drawn side by side by default
@@ -95,9 +95,15 @@ figures.show(st, charts.sequence_mismatch(view.sequences), key="sequence_mismatc
 
 
 # ---------------------------------------------------------------- corrections
-def corrections() -> None:
+def group_members(rollouts, group_id: int):
+    """The train rollouts of one group, in their order in the group."""
+    return rollouts[rollouts["group_id"] == group_id].sort_values("index_in_group")
+
+
+def corrections() -> int | None:
     """Every correction of engine.corrections on this step's logged log-ratios: a table for the whole step and the
-    weights of one group's tokens side by side (torch: imported here, after the rest is drawn)."""
+    weights of one group's tokens side by side (torch: imported here, after the rest is drawn). The group shown, if
+    any."""
     st.subheader("What each correction would do to this step's tokens")
     st.caption("Each correction of engine.corrections applied to the logged log-ratios (old_logp − sampler_logp), "
                "at its reference's default or preset threshold (the rejection options verl gives no preset for "
@@ -116,22 +122,38 @@ def corrections() -> None:
             table = queries.correction_table(logs, run, step)
     except ImportError as error:  # torch missing or broken: the rest of the page is already there
         st.error(f"The corrections need torch (engine.corrections), which could not be imported: {common.md(error)}")
-        return
+        return None
     common.static_table(st, table, {c: ".3f" for c in table.columns[2:] if c != "sequences touched"})
     group_id = common.group_picker(st, summary, "mismatch_group")
     if group_id is None:
-        return
+        return None
     common.set_url_value("group", group_id)
-    members = rollouts[rollouts["group_id"] == group_id].sort_values("index_in_group")
+    members = group_members(rollouts, group_id)
     ids, weights, positions, width = queries.correction_weights(
         logs, run, step, tuple(int(r) for r in members["rollout_id"]), common.PANEL_BINS)
     if not ids:
         st.caption(f"No token of group {group_id} has a sampler log-prob.")
-        return
+        return group_id
     index_of = dict(zip(members["rollout_id"].astype(int), members["index_in_group"], strict=True))
     labels = [f"#{common.plain(index_of.get(r))} (rollout {r})" for r in ids]
     figures.show(st, charts.stacked_weight_heatmap(weights, labels, positions=positions, bin_width=width),
                  key="correction_heatmaps")
+    return group_id
 
 
-corrections()
+def mismatch_step_ahead(next_step: int) -> None:
+    """What this page asks at `next_step` with the same group, for `dashboard.prefetch`: the answers land in the
+    caches the page reads."""
+    if queries.step_mismatch(logs, run, next_step) is None:
+        return
+    queries.group_summary(logs, run, next_step)
+    rollouts = queries.step_rollout_numbers(logs, run, next_step, "train")
+    queries.correction_table(logs, run, next_step)
+    members = group_members(rollouts[rollouts["rollout_id"].notna()], shown_group)
+    if len(members):  # the page keeps the group when the next step has it
+        queries.correction_weights(logs, run, next_step, tuple(int(r) for r in members["rollout_id"]),
+                                   common.PANEL_BINS)
+
+
+shown_group = corrections()
+prefetch.ahead(mismatch_step_ahead, prefetch.neighbours(selection.steps, step))

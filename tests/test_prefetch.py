@@ -1,0 +1,51 @@
+"""dashboard.prefetch: the steps next to the one on screen, computed on one thread while no script runs."""
+
+from __future__ import annotations
+
+import threading
+
+from dashboard import prefetch
+
+SETTLE_S = 60  # generous: the work below is appending to a list
+
+
+def test_neighbours_are_the_next_logged_step_then_the_previous():
+    assert prefetch.neighbours((0, 5, 10, 20), 10) == [20, 5]
+    assert prefetch.neighbours((0, 5, 10), 10) == [5]  # the last step: no next one
+    assert prefetch.neighbours((0, 5, 10), 0) == [5]
+    assert prefetch.neighbours((3,), 3) == []
+    assert prefetch.neighbours((0, 5), 7) == []  # a step no longer listed: nothing to guess from
+
+
+def test_work_waits_while_a_script_runs_then_runs_for_each_step_in_order():
+    done = []
+    release = threading.Event()
+    script = threading.Thread(target=release.wait, name=prefetch.SCRIPT_THREAD, daemon=True)  # as Streamlit names it
+    script.start()
+    try:
+        prefetch.ahead(done.append, [4, 2])
+        assert not prefetch.settled(timeout=0.5)  # a script runs: the request waits
+        assert done == []
+    finally:
+        release.set()
+        script.join()
+    assert prefetch.settled(timeout=SETTLE_S)
+    assert done == [4, 2]
+
+
+def test_a_newer_request_replaces_one_not_started_and_a_failure_stops_neither():
+    done = []
+    release = threading.Event()
+    script = threading.Thread(target=release.wait, name=prefetch.SCRIPT_THREAD, daemon=True)
+    script.start()
+    try:
+        prefetch.ahead(done.append, [1, 2])  # the user moved on before this one started
+        prefetch.ahead(lambda step: 1 / 0 if step == 7 else done.append(step), [7, 8])
+    finally:
+        release.set()
+        script.join()
+    assert prefetch.settled(timeout=SETTLE_S)
+    assert done == [8]  # step 7's failure is the page's to report when the user gets there
+    prefetch.ahead(done.append, [9])
+    assert prefetch.settled(timeout=SETTLE_S)
+    assert done == [8, 9]
