@@ -17,7 +17,9 @@ medians of `--repeat` (browser, server and DuckDB share the machine, as they wou
 - interactions: every widget of every page changed in turn (another option, a key press on a slider, a click, a
   new cell value), as the browser test does; the sidebar's run excepted; on the Token inspector first the text's
   window moved three times (on a completion longer than one window); Replay's player, once its Play is measured,
-  is turned off again, untimed, so that no tick of it lands in the next changes.
+  is turned off again, untimed, so that no tick of it lands in the next changes;
+- the step after a look: the sidebar's step slider moved by one key press `LOOK_S` seconds after the last change
+  (a user reading the page; the pages that compute the neighbouring steps meanwhile, dashboard.prefetch, use it).
 The run's middle step is used (a step inside the largest compacted chunk, not the small newest folder); the Token
 inspector opens on the run's longest completion, at its step.
 For the loads, the window moves and every interaction, the part until the server's last message is reported too
@@ -123,6 +125,22 @@ def server_memory_mb(port: int) -> float | None:
 
 
 RUN_PICKER = 'sidebar: stSelectbox "Run"'
+STEP_SLIDER = 'sidebar: stSlider "Step"'
+LOOK_S = 5.0
+"""How long a user looks at a page before moving the step by one, in `step_after_a_look`."""
+
+
+def step_after_a_look(page, watch) -> tuple[float, float]:
+    """The step slider moved by one key press `LOOK_S` seconds after the page came to rest (the interactions
+    above press at once): the time the server had meanwhile to compute the neighbouring steps (dashboard.prefetch)
+    is what a user reading the page gives it. (seconds to idle, seconds to the server's last message)"""
+    time.sleep(LOOK_S)
+    slider = next(w for w in widgets.find_widgets(page) if w["name"] == STEP_SLIDER)
+    before, started, clock = watch.count(), page.evaluate("performance.now()"), time.monotonic()
+    widgets.change(page, slider)
+    widgets.wait_idle(page, watch, before)
+    checked(page, watch, "moving the step after a look")
+    return max(page.evaluate("window.__lastChange") - started, 0.0) / 1000, watch.last_message - clock
 PLAY = 'main: stCheckbox "Play"'
 
 
@@ -325,6 +343,9 @@ def measure(logs_dir: Path, run: str, step: int, longest: tuple[int, int], repea
                                        max(watch.last_message - watch.action_started, 0.0))
                         if widget == PLAY:  # stopped again, untimed: the next changes are measured without a tick
                             stop_playing(page, watch)  # of the player landing in them
+                    else:  # every change went through
+                        record_split(results, f"{name}: the step after a {LOOK_S:g} s look",
+                                     step_after_a_look(page, watch))
                     context.close()
                     peak_memory.append(server_memory_mb(int(url.rsplit(":", 1)[1])))
         browser.close()

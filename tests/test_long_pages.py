@@ -350,9 +350,9 @@ def test_weighting_computes_the_next_step_ahead_so_moving_there_recomputes_nothi
     objectives for step 1 with the same choices (the whole step, every algorithm shown): moving the step slider
     then reads no token and asks no objective, and draws what a fresh computation of step 1 gives."""
     import streamlit as st
-    from engine.runlog import RunReader
 
     from dashboard import prefetch
+    from engine.runlog import RunReader
 
     st.cache_data.clear()
     st.cache_resource.clear()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import threading
+import time
 
 from dashboard import prefetch
 
@@ -17,20 +18,22 @@ def test_neighbours_are_the_next_logged_step_then_the_previous():
     assert prefetch.neighbours((0, 5), 7) == []  # a step no longer listed: nothing to guess from
 
 
-def test_work_waits_while_a_script_runs_then_runs_for_each_step_in_order():
+def test_work_waits_while_a_script_runs_and_a_quiet_moment_after_then_runs_for_each_step_in_order():
     done = []
     release = threading.Event()
     script = threading.Thread(target=release.wait, name=prefetch.SCRIPT_THREAD, daemon=True)  # as Streamlit names it
     script.start()
     try:
-        prefetch.ahead(done.append, [4, 2])
-        assert not prefetch.settled(timeout=0.5)  # a script runs: the request waits
+        prefetch.ahead(lambda step: done.append((step, time.monotonic())), [4, 2])
+        assert not prefetch.settled(timeout=prefetch.QUIET_S + 1.0)  # a script runs: the request waits
         assert done == []
     finally:
         release.set()
         script.join()
+        ended = time.monotonic()
     assert prefetch.settled(timeout=SETTLE_S)
-    assert done == [4, 2]
+    assert [step for step, _ in done] == [4, 2]
+    assert done[0][1] - ended >= prefetch.QUIET_S / 2  # (a poll late at most): the browser draws what was sent
 
 
 def test_a_newer_request_replaces_one_not_started_and_a_failure_stops_neither():
