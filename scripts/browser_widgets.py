@@ -30,11 +30,13 @@ WIDGETS = ("stSelectbox", "stMultiSelect", "stSlider", "stRadio", "stCheckbox", 
            "stTextArea", "stButton", "stDownloadButton", "stButtonGroup", "stDataFrame")
 """Streamlit's test ids of the widgets a page can show (a `stDataFrame` counts when it has editable cells)."""
 
-# Installed before any script of the page: the time of the latest change to the document.
+# Installed before any script of the page: the time of the latest change to the document, and of the latest key
+# pressed (the moment of a keyboard action, after the driver found and focused its widget).
 WATCH_MUTATIONS = """
 window.__lastChange = performance.now();
 new MutationObserver(() => { window.__lastChange = performance.now(); })
     .observe(document, {subtree: true, childList: true, attributes: true, characterData: true});
+document.addEventListener("keydown", () => { window.__lastKey = performance.now(); }, true);
 """
 
 # The widgets of the main area, then the sidebar's (changing the run there changes every other widget), in document

@@ -70,6 +70,14 @@ def dataframe(at: AppTest, *columns: str) -> pd.DataFrame:
     raise AssertionError(f"no table with columns {columns}")
 
 
+def open_token_values(at: AppTest) -> AppTest:
+    """Open the Token inspector's table of values (filled only while open), as a click on its expander does."""
+    at.session_state["token_values_open"] = True
+    at.run()
+    assert not at.exception, [e.message for e in at.exception]
+    return at
+
+
 def table(at: AppTest, *columns: str) -> pd.DataFrame:
     """The first static table (`common.static_table`) that has all these columns, as the reader sees its cells
     (markdown escapes resolved): strings, numbers as formatted."""
@@ -163,6 +171,9 @@ def test_token_inspector_shows_the_logged_tokens_escaped_with_clip_marks(trained
     passes = independent(logs_dir, "token_passes", "WHERE run = ? AND step = ? AND rollout_id = ?",
                          [run, step, rollout])
     body = at.get("html")[0].proto.body
+    with pytest.raises(AssertionError, match="no table"):  # the table of values is sent only once opened
+        dataframe(at, "token_text", "old_logp")
+    open_token_values(at)
     spans = re.findall(r'<span class="pl-token" data-position="(\d+)" data-clip="(\d)"[^>]*>(.*?)</span>', body)
     assert [int(p) for p, _, _ in spans] == tokens["position"].tolist()
     for (_, _, shown), text in zip(spans, tokens["token_text"], strict=True):
@@ -744,7 +755,7 @@ def test_token_inspector_shows_a_critic_runs_advantage_as_its_loss_used_it(train
                          [run, step, rollout])
     stats = independent(logs_dir, "steps", "WHERE run = ? AND step = ?", [run, step]).iloc[0]
     whitened = (tokens["advantage"] - stats["advantage_mean"]) / stats["advantage_std"]
-    values = dataframe(at, "token_text", "advantage", "gae_advantage")
+    values = dataframe(open_token_values(at), "token_text", "advantage", "gae_advantage")
     # the file's float32 advantages whitened in float32 here, in float64 by the page
     np.testing.assert_allclose(values["advantage"].to_numpy(), whitened.to_numpy(), rtol=1e-6, atol=1e-7)
     np.testing.assert_allclose(values["gae_advantage"].to_numpy(), tokens["advantage"].to_numpy(), rtol=1e-9)
@@ -762,7 +773,7 @@ def test_token_inspector_shows_a_critic_runs_advantage_as_its_loss_used_it(train
     grpo_logs, grpo_run = trained
     at = open_page(grpo_logs, "token_inspector", monkeypatch, run=grpo_run, step=last_step(grpo_logs, grpo_run))
     assert "GAE advantage before whitening" not in at.selectbox(key="channel").options
-    assert "gae_advantage" not in dataframe(at, "token_text", "advantage").columns
+    assert "gae_advantage" not in dataframe(open_token_values(at), "token_text", "advantage").columns
 
 
 @pytest.fixture(scope="module")

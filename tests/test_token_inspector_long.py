@@ -14,7 +14,7 @@ import numpy as np
 import pandas as pd
 import pytest
 from conftest import settle_run_logs
-from test_dashboard import array, dataframe, drawn_figures, independent, open_page, plotly_spec
+from test_dashboard import array, dataframe, drawn_figures, independent, open_page, open_token_values, plotly_spec
 from test_token_views import grid
 
 from dashboard import data
@@ -114,7 +114,7 @@ def test_a_long_rollout_is_shown_by_windows_with_a_strip_of_the_whole(logs, monk
     at = open_page(logs, "token_inspector", monkeypatch, run="sampled", step=0, rollout=0, channel="mismatch")
     # The text: the first 512 tokens only, with their clip and rejection marks; their values in the table.
     assert spans(at) == list(zip(range(512), rows["clip"][:512], rows["rejected"][:512], strict=True))
-    values = dataframe(at, "token_text", "mismatch", "is_weight", "rejected")
+    values = dataframe(open_token_values(at), "token_text", "mismatch", "is_weight", "rejected")
     assert values["position"].tolist() == list(range(512))
     np.testing.assert_allclose(values["mismatch"], rows["mismatch"][:512], rtol=1e-9)
     np.testing.assert_allclose(values["is_weight"], rows["is_weight"][:512], rtol=1e-9)
@@ -141,7 +141,9 @@ def test_a_long_rollout_is_shown_by_windows_with_a_strip_of_the_whole(logs, monk
     assert all(len(array(trace["x"])) == 1000 for trace in heatmap["data"])
     assert not heatmap["layout"].get("shapes")
 
-    # Moving the window: the next tokens, and the URL follows (a link opens the same window).
+    # Moving the window: the next tokens, and the URL follows (a link opens the same window); the table of values,
+    # once opened, follows too.
+    open_token_values(at)
     at.select_slider(key="window").set_value(2048).run()
     assert not at.exception
     assert [p for p, _, _ in spans(at)] == list(range(2048, 2560)) and at.query_params["window"] == "2048"

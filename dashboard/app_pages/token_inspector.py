@@ -167,8 +167,12 @@ def text_and_values() -> None:
     if whole:
         st.subheader("Token × channel")
         figures.show(st, charts.token_channel_heatmap(tokens, channel_names), key="token_channel_heatmap")
-    with st.expander("Values" if whole else f"Values of tokens {window[0]}–{window[1]}"):
-        st.dataframe(tokens.drop(columns=["rollout_id"]), hide_index=True, key="token_values")
+    # Filled only while open (opening it reruns this fragment): a window's table is 77 kB that every move of the
+    # window would otherwise send and the browser parse, for a table most moves never look at.
+    values = st.expander("Values" if whole else "Values of the tokens shown", key="token_values_open",
+                         on_change="rerun")
+    if values.open:
+        values.dataframe(tokens.drop(columns=["rollout_id"]), hide_index=True, key="token_values")
 
 
 text_and_values()
