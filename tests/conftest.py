@@ -50,6 +50,26 @@ def figures_served():
     config.set_option("server.enableStaticServing", True)
 
 
+@pytest.fixture(autouse=True)
+def prefetch_off(request, monkeypatch):
+    """`dashboard.prefetch` works after a page's run on a thread of the process that ran it: here, the test's. Off
+    (nothing requested) unless the test asks for `prefetching`, so that no page's guesses run into the next test's
+    counted queries or removed folders."""
+    if "prefetching" not in request.fixturenames:
+        from dashboard import prefetch
+
+        monkeypatch.setattr(prefetch, "ahead", lambda work, steps: None)
+
+
+@pytest.fixture
+def prefetching():
+    """`dashboard.prefetch` on, as in a server; every request done before the next test starts."""
+    from dashboard import prefetch
+
+    yield prefetch
+    assert prefetch.settled(timeout=300), "the prefetch thread is still working 300 s after the test"
+
+
 def tiny_config(**overrides):
     from engine.config import TrainConfig
 

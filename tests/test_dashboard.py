@@ -944,13 +944,14 @@ def test_mismatch_page_shows_the_logged_gap_and_what_each_correction_does(traine
     assert plotly_spec(at, "correction_heatmaps")["data"], "one group's weights, a band per correction"
 
 
-def test_mismatch_computes_the_previous_step_ahead_so_moving_there_recomputes_nothing(trained_prm, monkeypatch):
+def test_mismatch_computes_the_previous_step_ahead_so_moving_there_recomputes_nothing(trained_prm, monkeypatch,
+                                                                                    prefetching):
     """Once Mismatch is drawn at the last step, the server's prefetch thread reads the step before it and computes
     its corrections: moving the step slider back reads no sampler log-prob and computes no correction, and shows
     the table a fresh visit computes."""
     import streamlit as st
 
-    from dashboard import data, prefetch, recompute
+    from dashboard import data, recompute
 
     logs_dir, run = trained_prm
     step = last_step(logs_dir, run)
@@ -962,7 +963,7 @@ def test_mismatch_computes_the_previous_step_ahead_so_moving_there_recomputes_no
                         sampler_tokens(r, run, s, *a, **k))
     monkeypatch.setattr(recompute, "correction_table", lambda *a: computed.append(a) or correction_table(*a))
     at = open_page(logs_dir, "mismatch", monkeypatch, run=run, step=step)
-    assert prefetch.settled(timeout=120)
+    assert prefetching.settled(timeout=120)
     assert step - 1 in read and len(computed) == 2  # the shown step's and, in advance, the previous one's
     read.clear()
     computed.clear()

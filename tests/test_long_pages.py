@@ -345,13 +345,13 @@ def test_replay_tables_receive_a_glance_of_each_long_eval_answer(tmp_path, monke
     assert across["completion"].tolist() == [answers[1][: data.EVAL_PREVIEW_CHARS]]  # its latest at step 1
 
 
-def test_weighting_computes_the_next_step_ahead_so_moving_there_recomputes_nothing(logs, monkeypatch):
+def test_weighting_computes_the_next_step_ahead_so_moving_there_recomputes_nothing(logs, monkeypatch,
+                                                                                 prefetching):
     """Once Algorithm weighting is drawn at step 0, the server's prefetch thread asks the page's queries and
     objectives for step 1 with the same choices (the whole step, every algorithm shown): moving the step slider
     then reads no token and asks no objective, and draws what a fresh computation of step 1 gives."""
     import streamlit as st
 
-    from dashboard import prefetch
     from engine.runlog import RunReader
 
     st.cache_data.clear()
@@ -364,7 +364,7 @@ def test_weighting_computes_the_next_step_ahead_so_moving_there_recomputes_nothi
     at = open_page(logs, "algorithm_weighting", monkeypatch, run=RUN, step=0)
     at.radio(key="weigh_scope").set_value("the whole step").run()
     assert not at.exception
-    assert prefetch.settled(timeout=120)
+    assert prefetching.settled(timeout=120)
     assert asked.count(1) == 1 and weighed.count("grpo") == 2  # step 1's tokens and objectives, once, in advance
     asked.clear()
     weighed.clear()

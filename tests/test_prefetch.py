@@ -5,6 +5,8 @@ from __future__ import annotations
 import threading
 import time
 
+import pytest
+
 from dashboard import prefetch
 
 SETTLE_S = 60  # generous: the work below is appending to a list
@@ -18,6 +20,7 @@ def test_neighbours_are_the_next_logged_step_then_the_previous():
     assert prefetch.neighbours((0, 5), 7) == []  # a step no longer listed: nothing to guess from
 
 
+@pytest.mark.usefixtures("prefetching")
 def test_work_waits_while_a_script_runs_and_a_quiet_moment_after_then_runs_for_each_step_in_order():
     done = []
     release = threading.Event()
@@ -36,6 +39,7 @@ def test_work_waits_while_a_script_runs_and_a_quiet_moment_after_then_runs_for_e
     assert done[0][1] - ended >= prefetch.QUIET_S / 2  # (a poll late at most): the browser draws what was sent
 
 
+@pytest.mark.usefixtures("prefetching")
 def test_a_newer_request_replaces_one_not_started_and_a_failure_stops_neither():
     done = []
     release = threading.Event()
