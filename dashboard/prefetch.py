@@ -1,15 +1,15 @@
-"""The steps next to the one on screen, computed while the user looks at it.
+"""The views a user is likely to ask for next (the steps next to the one on screen), computed while they look.
 
 A page whose step costs seconds of server work (Algorithm weighting on a whole step of long completions, Mismatch's
-corrections) hands `ahead` a function that asks its cached queries for a given step, exactly as the page would with
-its current choices. Once the page is drawn and no script runs, one thread of the server calls it for the next step,
-then the previous one: moving the step slider by one (a key press) then finds every answer in the caches. What is
+corrections) hands `ahead` a function that asks its cached queries for one guess (a step, or a step and a scope),
+exactly as the page would with its current choices. Once the page is drawn, one thread of the server calls it for
+each guess in turn: moving the step slider by one (a key press) then finds every answer in the caches. What is
 computed is only what the caches keep anyway, so a guess that goes unused costs CPU time, never memory beyond theirs.
 
-The thread gives way to the user: it starts a step's work only once no script has run (in any session) for
-`QUIET_S`, the time the browser takes to draw what the script sent, and a newer page's request replaces one not
-started. A step whose work fails is left to the page, which reports the error when
-it asks itself. No Streamlit calls here: what `work` calls runs outside any session (cached functions only).
+The thread gives way to the user: it starts a guess only once no script has run (in any session) for `QUIET_S`,
+the time the browser takes to draw what the script sent, and a newer page's request replaces one not started. A
+guess whose work fails is left to the page, which reports the error when it asks itself. No Streamlit calls here:
+what `work` calls runs outside any session (cached functions only).
 """
 
 from __future__ import annotations
@@ -18,18 +18,19 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Sequence
+from typing import Any
 
 SCRIPT_THREAD = "ScriptRunner.scriptThread"
 """The name Streamlit gives the thread of a script run (streamlit.runtime.scriptrunner.script_runner): one lives
 while a session's script (or fragment) runs."""
 QUIET_S = 1.0
-"""Seconds without a script run before a step's work starts: after a script ends the browser still draws what it
-sent (about a second for the heavy pages on two cores), and a user who acts at once does not wait for a guess."""
+"""Seconds without a script run before a guess starts: after a script ends the browser still draws what it sent
+(about a second for the heavy pages on two cores), and a user who acts at once does not wait for a guess."""
 POLL_S = 0.05
 
 _log = logging.getLogger(__name__)
 _condition = threading.Condition()
-_pending: list[tuple[Callable[[int], object], list[int]]] = []  # at most one request: (work, steps left)
+_pending: list[tuple[Callable[[Any], object], list]] = []  # at most one request: (work, guesses left)
 _busy = False  # the thread is inside some work
 _last_script = 0.0  # time.monotonic() when a script was last seen running
 _thread: threading.Thread | None = None
@@ -43,13 +44,13 @@ def neighbours(steps: Sequence[int], step: int) -> list[int]:
     return [steps[i] for i in (at + 1, at - 1) if 0 <= i < len(steps)]
 
 
-def ahead(work: Callable[[int], object], steps: Sequence[int]) -> None:
-    """Call `work(step)` for each of `steps`, in order, on the server's prefetch thread, each once no script runs.
-    Replaces a request whose steps have not started."""
+def ahead(work: Callable[[Any], object], guesses: Sequence) -> None:
+    """Call `work(guess)` for each of `guesses`, in order, on the server's prefetch thread, each once no script has
+    run for `QUIET_S`. Replaces a request whose guesses have not started."""
     global _thread, _last_script
     with _condition:
         _last_script = time.monotonic()  # the caller's
-        _pending[:] = [(work, list(steps))] if steps else []
+        _pending[:] = [(work, list(guesses))] if guesses else []
         if _thread is None or not _thread.is_alive():
             _thread = threading.Thread(target=_serve, name="policylens-prefetch", daemon=True)
             _thread.start()
@@ -68,8 +69,8 @@ def script_running() -> bool:
     return any(thread.name == SCRIPT_THREAD for thread in threading.enumerate())
 
 
-def _next_step() -> tuple[Callable[[int], object], int]:
-    """Wait for a request and for `QUIET_S` without a script run; take its next step."""
+def _next_guess() -> tuple[Callable[[Any], object], Any]:
+    """Wait for a request and for `QUIET_S` without a script run; take its next guess."""
     global _busy, _last_script
     while True:
         with _condition:
@@ -84,18 +85,18 @@ def _next_step() -> tuple[Callable[[int], object], int]:
         with _condition:
             if not _pending:
                 continue
-            work, steps = _pending[0]
-            step = steps.pop(0)
-            if not steps:
+            work, guesses = _pending[0]
+            guess = guesses.pop(0)
+            if not guesses:
                 _pending.clear()
             _busy = True
-            return work, step
+            return work, guess
 
 
 def _serve() -> None:
     while True:
-        work, step = _next_step()
+        work, guess = _next_guess()
         try:
-            work(step)
+            work(guess)
         except Exception:  # the page asks again when the user gets there, and shows what fails
-            _log.debug("prefetching step %s failed", step, exc_info=True)
+            _log.debug("prefetching %r failed", guess, exc_info=True)

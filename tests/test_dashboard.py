@@ -944,6 +944,39 @@ def test_mismatch_page_shows_the_logged_gap_and_what_each_correction_does(traine
     assert plotly_spec(at, "correction_heatmaps")["data"], "one group's weights, a band per correction"
 
 
+def test_weighting_of_one_group_computes_the_whole_step_ahead(trained, monkeypatch, prefetching):
+    """Showing one group, Algorithm weighting also guesses "the whole step" of the same step: once the guesses are
+    done, choosing it asks no objective, and shows the totals a fresh visit computes."""
+    import streamlit as st
+
+    from dashboard import recompute
+
+    logs_dir, run = trained
+    step = last_step(logs_dir, run)
+    st.cache_data.clear()
+    st.cache_resource.clear()
+    weighed = []
+    weigh = recompute.weigh
+    monkeypatch.setattr(recompute, "weigh", lambda *a, **k: weighed.append(a[0].mask.shape[0]) or weigh(*a, **k))
+    at = open_page(logs_dir, "algorithm_weighting", monkeypatch, run=run, step=step)
+    assert at.radio(key="weigh_scope").value == "one group"
+    assert prefetching.settled(timeout=120)
+    rollouts = independent(logs_dir, "rollouts", "WHERE run = ? AND step = ? AND kind = 'train'", [run, step])
+    assert len(rollouts) in weighed  # the whole step's completions, weighed in advance
+    weighed.clear()
+    at.radio(key="weigh_scope").set_value("the whole step").run()
+    assert not at.exception
+    assert weighed == []
+    shown = plotly_spec(at, "total_weight_vs_length")
+    st.cache_data.clear()
+    st.cache_resource.clear()
+    fresh = open_page(logs_dir, "algorithm_weighting", monkeypatch, run=run, step=step)
+    fresh.radio(key="weigh_scope").set_value("the whole step").run()
+    assert weighed, "the fresh visit weighed the whole step"
+    totals = [array(trace["y"]).tolist() for trace in plotly_spec(fresh, "total_weight_vs_length")["data"]]
+    assert [array(trace["y"]).tolist() for trace in shown["data"]] == totals
+
+
 def test_mismatch_computes_the_previous_step_ahead_so_moving_there_recomputes_nothing(trained_prm, monkeypatch,
                                                                                     prefetching):
     """Once Mismatch is drawn at the last step, the server's prefetch thread reads the step before it and computes

@@ -183,27 +183,30 @@ if not results:
     st.stop()
 
 
-def weigh_step_ahead(next_step: int) -> None:
-    """What this page asks at `next_step` with the same choices (scope, group, update, algorithms and knobs), for
-    `dashboard.prefetch`: the answers land in the caches the page reads."""
-    numbers = queries.step_rollout_numbers(logs, run, next_step, "train")
-    queries.group_summary(logs, run, next_step)
+def weigh_ahead(guess: tuple[int, int | None]) -> None:
+    """What this page asks for the tokens of `guess` = (step, group id or None for the whole step) with the same
+    update, algorithms and knobs, for `dashboard.prefetch`: the answers land in the caches the page reads."""
+    at_step, group = guess
+    numbers = queries.step_rollout_numbers(logs, run, at_step, "train")
+    queries.group_summary(logs, run, at_step)
     numbers = numbers[numbers["rollout_id"].notna()]
-    if group_id is not None:  # the page keeps the group when the next step has it
-        numbers = numbers[numbers["group_id"] == group_id]
+    if group is not None:  # the page keeps the group when the step has it
+        numbers = numbers[numbers["group_id"] == group]
     ids = tuple(int(r) for r in numbers["rollout_id"])
     if not ids:
         return
-    passes = queries.update_count(logs, run, next_step, ids)
+    passes = queries.update_count(logs, run, at_step, ids)
     at = update if 0 <= update < passes else passes - 1  # as the update picker: kept while it exists
-    whitened_by = queries.step_whitening(logs, run, next_step)
-    tokens = StepTokens(logs, run, next_step, ids, at, shared=False)
-    if weighed_tokens(logs, run, next_step, ids, at, tokens) is not None:
+    whitened_by = queries.step_whitening(logs, run, at_step)
+    tokens = StepTokens(logs, run, at_step, ids, at, shared=False)
+    if weighed_tokens(logs, run, at_step, ids, at, tokens) is not None:
         for algo, overrides in knobs:
-            weigh_one(logs, run, next_step, ids, at, algo, overrides, whitened_by, tokens)
+            weigh_one(logs, run, at_step, ids, at, algo, overrides, whitened_by, tokens)
 
 
-prefetch.ahead(weigh_step_ahead, prefetch.neighbours(selection.steps, step))
+# The next and the previous step as shown, then, from one group, this step's whole (the other choice of "Tokens of").
+prefetch.ahead(weigh_ahead, [(s, group_id) for s in prefetch.neighbours(selection.steps, step)]
+               + ([(step, None)] if group_id is not None else []))
 
 info = chosen.set_index("rollout_id").loc[batch_ids]
 logged_advantage = pd.to_numeric(info["advantage"], errors="coerce").to_numpy(dtype=float)  # NaN: not logged
