@@ -27,6 +27,7 @@ QUIET_S = 1.0
 """Seconds without a script run before a guess starts: after a script ends the browser still draws what it sent
 (about a second for the heavy pages on two cores), and a user who acts at once does not wait for a guess."""
 POLL_S = 0.05
+THREAD = "policylens-prefetch"
 
 _log = logging.getLogger(__name__)
 _condition = threading.Condition()
@@ -34,6 +35,17 @@ _pending: list[tuple[Callable[[Any], object], list]] = []  # at most one request
 _busy = False  # the thread is inside some work
 _last_script = 0.0  # time.monotonic() when a script was last seen running
 _thread: threading.Thread | None = None
+
+
+class _WithoutSession(logging.Filter):
+    """Streamlit warns ("missing ScriptRunContext") whenever a thread without a session reaches a cached function's
+    spinner: the prefetch thread has none by design, and would fill the server's log with it."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return record.threadName != THREAD
+
+
+logging.getLogger("streamlit.runtime.scriptrunner_utils.script_run_context").addFilter(_WithoutSession())
 
 
 def neighbours(steps: Sequence[int], step: int) -> list[int]:
@@ -52,7 +64,7 @@ def ahead(work: Callable[[Any], object], guesses: Sequence) -> None:
         _last_script = time.monotonic()  # the caller's
         _pending[:] = [(work, list(guesses))] if guesses else []
         if _thread is None or not _thread.is_alive():
-            _thread = threading.Thread(target=_serve, name="policylens-prefetch", daemon=True)
+            _thread = threading.Thread(target=_serve, name=THREAD, daemon=True)
             _thread.start()
         _condition.notify_all()
 

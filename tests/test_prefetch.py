@@ -56,3 +56,23 @@ def test_a_newer_request_replaces_one_not_started_and_a_failure_stops_neither():
     prefetch.ahead(done.append, [9])
     assert prefetch.settled(timeout=SETTLE_S)
     assert done == [8, 9]
+
+
+@pytest.mark.usefixtures("prefetching")
+def test_streamlit_warns_of_no_session_in_other_threads_but_not_in_the_prefetch_thread():
+    import logging
+
+    from streamlit.runtime.scriptrunner_utils.script_run_context import get_script_run_ctx
+
+    warned = []
+    handler = logging.Handler()
+    handler.emit = lambda record: warned.append(record.threadName)
+    logger = logging.getLogger("streamlit.runtime.scriptrunner_utils.script_run_context")
+    logger.addHandler(handler)
+    try:
+        get_script_run_ctx()  # this thread has no session either: warned
+        prefetch.ahead(lambda step: get_script_run_ctx(), [1])  # as a cached function's spinner does
+        assert prefetch.settled(timeout=SETTLE_S)
+    finally:
+        logger.removeHandler(handler)
+    assert warned == [threading.current_thread().name]
