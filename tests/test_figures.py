@@ -127,11 +127,19 @@ def test_in_a_browser_the_served_plotly_draws_figures_once_in_sight_a_click_move
             const {xaxis, yaxis} = gd._fullLayout, box = gd.getBoundingClientRect();
             return [box.left + xaxis._offset + xaxis.l2p(2300), box.top + yaxis._offset + yaxis._length / 2];
         }""")
+        strip.evaluate("gd => { window.stripDrawn = gd.calcdata; }")
         page.mouse.move(x, y)
         page.mouse.click(x, y)
         page.wait_for_function(
             "document.querySelector('span.pl-token')?.getAttribute('data-position') === '2048'")
         assert "window=2048" in page.url
+        # The strip's outline follows the window, moved alone: the strip itself is not drawn again.
+        page.wait_for_function("document.querySelector('.policylens-figure')._fullLayout.shapes[0].x0 === 2047.5")
+        assert strip.evaluate("gd => gd.calcdata === window.stripDrawn")
+        # The window's table of values is sent once its expander is opened.
+        assert page.locator("[data-testid='stDataFrame']").count() == 0
+        page.get_by_text("Values of the tokens shown").click()
+        page.wait_for_selector("[data-testid='stDataFrame']")
 
         # Full screen, as Streamlit's chart element offered: the figure takes the screen's height, then its own.
         height = heatmap.evaluate("gd => gd._fullLayout.height")
