@@ -17,8 +17,8 @@ medians of `--repeat` (browser, server and DuckDB share the machine, as they wou
 - interactions: every widget of every page changed in turn (another option, a key press on a slider, a click, a
   new cell value), as the browser test does; the sidebar's run excepted; on the Token inspector first the text's
   window moved three times (on a completion longer than one window; also timed from the key press itself, without
-  the driver finding and focusing the slider first); Replay's player, once its Play is measured,
-  is turned off again, untimed, so that no tick of it lands in the next changes;
+  the driver finding and focusing the slider first); Replay's player, once its Play is measured, is turned off
+  again, untimed, so that no tick of it lands in the next changes;
 - the step after a look: the sidebar's step slider moved by one key press `LOOK_S` seconds after the last change
   (a user reading the page; the pages that compute the neighbouring steps meanwhile, dashboard.prefetch, use it).
 The run's middle step is used (a step inside the largest compacted chunk, not the small newest folder); the Token
@@ -143,6 +143,8 @@ def step_after_a_look(page, watch) -> tuple[float, float]:
     widgets.wait_idle(page, watch, before)
     checked(page, watch, "moving the step after a look")
     return max(page.evaluate("window.__lastChange") - started, 0.0) / 1000, watch.last_message - clock
+
+
 PLAY = 'main: stCheckbox "Play"'
 
 

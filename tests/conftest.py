@@ -58,7 +58,7 @@ def prefetch_off(request, monkeypatch):
     if "prefetching" not in request.fixturenames:
         from dashboard import prefetch
 
-        monkeypatch.setattr(prefetch, "ahead", lambda work, steps: None)
+        monkeypatch.setattr(prefetch, "ahead", lambda work, guesses: None)
 
 
 @pytest.fixture
