@@ -1,7 +1,7 @@
 // One plotly figure of the dashboard, drawn by plotly.js in the page itself (dashboard/figures.py says why).
-// data: {figure: the figure's JSON, revision: a hash of the figure without its layout's shapes, config: plotly's
-//        config, script: plotly.js's URL on this server, clickable: send a click on a point to Python (its x, y and
-//        trace as the trigger value "click")}.
+// data: {figure: the figure's JSON without its layout's shapes, shapes: those (JSON), config: plotly's config,
+//        script: plotly.js's URL on this server, clickable: send a click on a point to Python (its x, y and trace as
+//        the trigger value "click")}.
 
 function plotlyLoaded(url) {
   // One <script> for the whole page, whatever the number of figures and reruns.
@@ -84,18 +84,19 @@ function draw(plot) {
   const { data, setTriggerValue, element } = plot.pending;
   plot.pending = null;
   plotlyLoaded(data.script).then((Plotly) => {
-    const figure = JSON.parse(data.figure);
+    const shapes = JSON.parse(data.shapes);
     const template = themeTemplate(element);
-    const drawnAs = JSON.stringify([data.revision, template.plotly, data.config, data.clickable]);
+    const drawnAs = JSON.stringify([template.plotly, data.config, data.clickable]) + data.figure;
     if (plot.drawnAs === drawnAs) {
       // The figure as drawn but for its shapes (the Token inspector's window on its strip): they alone are moved,
       // in about a millisecond; Plotly.react redraws the whole figure for them (40-80 ms).
-      return Plotly.relayout(plot, { shapes: figure.layout.shapes ?? [] });
+      return Plotly.relayout(plot, { shapes });
     }
     plot.drawnAs = undefined;  // until drawn
+    const figure = JSON.parse(data.figure);
     plot.heightOfFigure = figure.layout.height;
     plot.backgroundOfTheme = template.background;  // what a full-screen figure is drawn on
-    const layout = { ...figure.layout, template: template.plotly };
+    const layout = { ...figure.layout, shapes, template: template.plotly };
     const config = { displaylogo: false, showSendToCloud: false,
                      modeBarButtonsToAdd: [{ name: "fullscreen", title: "Full screen (Esc to leave)",
                                              icon: FULLSCREEN_ICON, click: toggleFullscreen }],

@@ -99,7 +99,12 @@ def array(field) -> np.ndarray:
 def drawn_figures(at: AppTest) -> dict[str, dict]:
     """Every plotly figure of the page, as plotly JSON by element id (which ends with its key): the components of
     `dashboard.figures.show`, and Streamlit's charts (its fallback)."""
-    figures = {e.proto.id: json.loads(json.loads(e.proto.json)["figure"]) for e in at.get("bidi_component")}
+    figures = {}
+    for element in at.get("bidi_component"):
+        data = json.loads(element.proto.json)
+        figure = json.loads(data["figure"])
+        shapes = json.loads(data["shapes"])  # sent apart (figure.js moves them alone when nothing else changed)
+        figures[element.proto.id] = figure | {"layout": figure["layout"] | {"shapes": shapes}} if shapes else figure
     return figures | {chart.proto.id: json.loads(chart.proto.spec) for chart in at.get("plotly_chart")}
 
 
