@@ -15,6 +15,7 @@ import html
 import math
 from dataclasses import dataclass
 
+import numpy as np
 import pandas as pd
 from plotly.colors import sample_colorscale
 
@@ -69,17 +70,19 @@ CLIP_STYLES = {
 }
 # A token the mismatch corrections took out of the loss is struck through (it is still shown: it stays logged).
 REJECTED_STYLE = "text-decoration:line-through;text-decoration-thickness:2px;"
+TOKEN_STYLE = "padding:1px 2px;margin:1px 1px;border-radius:2px;"  # every token's box
+TOKENS_STYLE = ("font-family:ui-monospace,Menlo,Consolas,monospace;font-size:16px;line-height:2.0;white-space:normal;"
+                "word-break:break-all;")  # the block of a completion's tokens
+
+
+def visible_whitespace(text: str) -> str:
+    """A token's text with its whitespace made visible; a newline keeps its line break after the `↵`."""
+    return text.replace(" ", "·").replace("\t", "→").replace("\r", "␍").replace("\n", "↵\n")
 
 
 def visible_text(text: str) -> str:
     """Escape a token's text for HTML and make its whitespace visible."""
-    escaped = html.escape(text, quote=True)
-    return (
-        escaped.replace(" ", "·")
-        .replace("\t", "→")
-        .replace("\r", "␍")
-        .replace("\n", "↵<br>")
-    )
+    return html.escape(visible_whitespace(text), quote=True).replace("\n", "<br>")
 
 
 def channel_range(values: pd.Series, channel: Channel) -> tuple[float, float]:
@@ -109,13 +112,18 @@ def _palette(colorscale: str, levels: int = 256) -> tuple[tuple[str, str], ...]:
     return tuple(out)
 
 
+def _palette_index(value, low: float, high: float, levels: int) -> int:
+    """Where a value falls on a palette of `levels` colours spanning [low, high]; -1 for a missing value."""
+    if is_missing(value) or not math.isfinite(float(value)):
+        return -1
+    return round(min(1.0, max(0.0, (float(value) - low) / (high - low))) * (levels - 1))
+
+
 def _colour(value, low: float, high: float, colorscale: str) -> tuple[str, str]:
     """(background, text colour) for one value; missing values are left uncoloured."""
-    if is_missing(value) or not math.isfinite(float(value)):
-        return "transparent", "inherit"
     palette = _palette(colorscale)
-    position = min(1.0, max(0.0, (float(value) - low) / (high - low)))
-    return palette[round(position * (len(palette) - 1))]
+    index = _palette_index(value, low, high, len(palette))
+    return palette[index] if index >= 0 else ("transparent", "inherit")
 
 
 def is_missing(value) -> bool:
@@ -152,56 +160,86 @@ def _format(value) -> str:
     return str(value)
 
 
+def _formatted(values: pd.Series) -> list[str]:
+    """`_format` of every value of a column; a float column at once."""
+    if pd.api.types.is_float_dtype(values.dtype):
+        floats = values.to_numpy(dtype=float, na_value=np.nan).tolist()  # Python floats: formatted 5x faster
+        return ["–" if value != value else f"{value:.4g}" for value in floats]
+    return [_format(value) for value in values.tolist()]
+
+
 def _format_signed(value) -> str:
     return "–" if is_missing(value) else f"{float(value):+.3g}"
 
 
-def token_heatmap_html(tokens: pd.DataFrame, channel_name: str, hover_columns: list[str] | None = None) -> str:
-    """Render tokens as coloured inline spans.
+def token_spans(tokens: pd.DataFrame, channel_name: str, hover_columns: list[str] | None = None) -> dict:
+    """How each token is drawn, as plain data: what the dashboard's token component (`dashboard/token_text.js`)
+    builds its spans from (as text, never as markup) and what `token_heatmap_html` writes out as HTML.
 
     `tokens` has one row per completion token in order, with `position`, `token_text`, the channel's column and
-    optionally `clip` (the engine.clip_codes clip code). Hovering a token shows every column in `hover_columns`.
+    optionally `clip` (the engine.clip_codes clip code) and `rejected` (engine.correction_settings). Returns lists,
+    one entry per token: `position` (int or None), `text` (whitespace made visible, a newline kept after its `↵`),
+    `colour` (an index into `palette`, -1: not coloured), `clip`, `rejected`, `title` (the hover text: every column
+    in `hover_columns`); and `palette` ([background, text colour] pairs), `styles` (CSS by clip code, and
+    "rejected"), `low` and `high` (the colour scale's ends).
     """
     channel = CHANNELS[channel_name]
     hover_columns = hover_columns or [c.column for c in CHANNELS.values()  # the rejection by name, below
                                       if c.column in tokens.columns and c.column != "rejected"]
     values = tokens[channel.column] if channel.column in tokens.columns else pd.Series(dtype=float)
     low, high = channel_range(values, channel)
+    palette = _palette(channel.colorscale)
+    # Whole columns at once (a window of a long completion is 512 tokens and a dozen hover values each).
+    scaled = pd.to_numeric(values, errors="coerce").to_numpy(dtype=float, na_value=np.nan)
+    colour = np.rint(np.clip((scaled - low) / (high - low), 0.0, 1.0) * (len(palette) - 1))
+    colour = np.where(np.isfinite(scaled), colour, -1).astype(int) if len(tokens) else np.zeros(0, int)
+    codes = {name: tokens[name].fillna(0).astype(int).tolist() if name in tokens.columns else [0] * len(tokens)
+             for name in ("clip", "rejected")}
+    texts = tokens["token_text"].astype(object).fillna("").astype(str).tolist()
+    positions = tokens["position"].astype(object).where(tokens["position"].notna(), None).tolist()
+    # The hover text line by line, a column at a time, then joined token by token.
+    lines = [[f"#{'' if position is None else position}  {text!r}" for position, text in zip(positions, texts,
+                                                                                            strict=True)]]
+    lines += [[f"{name}: {value}" for value in _formatted(tokens[name])] for name in hover_columns]
+    if "clip" in tokens.columns:
+        lines.append([f"clip: {CLIP_NAMES.get(code, code)}" for code in codes["clip"]])
+    titles = ["\n".join(token_lines) for token_lines in zip(*lines, strict=True)]
+    titles = [title + f"\nrejected: {REJECT_NAMES.get(code, code)}" if code else title
+              for title, code in zip(titles, codes["rejected"], strict=True)]
+    return {"position": positions, "text": [visible_whitespace(t) for t in texts], "colour": colour.tolist(),
+            "clip": codes["clip"], "rejected": codes["rejected"], "title": titles,
+            "palette": [list(pair) for pair in palette],
+            "styles": {**{str(code): style for code, style in CLIP_STYLES.items()}, "rejected": REJECTED_STYLE},
+            "low": low, "high": high}
+
+
+def token_heatmap_html(tokens: pd.DataFrame, channel_name: str, hover_columns: list[str] | None = None) -> str:
+    """Render tokens as coloured inline spans (the report's HTML file; the dashboard draws `token_spans` with its
+    own component). Hovering a token shows every column in `hover_columns`."""
+    drawn = token_spans(tokens, channel_name, hover_columns)
     spans = []
-    # to_dict rather than itertuples: a column named `pass` is a keyword and itertuples would rename it.
-    for record in tokens.to_dict("records"):
-        background, text_colour = _colour(record.get(channel.column), low, high, channel.colorscale)
-        clip = record.get("clip")
-        clip = 0 if is_missing(clip) else int(clip)
-        rejected = record.get("rejected")
-        rejected = 0 if is_missing(rejected) else int(rejected)
-        text = _text(record.get("token_text"))
-        position = record.get("position")
-        position = "" if is_missing(position) else int(position)
-        hover = [f"#{position}  {text!r}"]
-        hover += [f"{name}: {_format(record.get(name))}" for name in hover_columns]
-        if "clip" in record:
-            hover.append(f"clip: {CLIP_NAMES.get(clip, clip)}")
-        if rejected:
-            hover.append(f"rejected: {REJECT_NAMES.get(rejected, rejected)}")
+    for position, text, colour, clip, rejected, title in zip(
+            drawn["position"], drawn["text"], drawn["colour"], drawn["clip"], drawn["rejected"], drawn["title"],
+            strict=True):
+        background, text_colour = drawn["palette"][colour] if colour >= 0 else ("transparent", "inherit")
         spans.append(
-            f'<span class="pl-token" data-position="{position}" data-clip="{clip}" data-rejected="{rejected}"'
-            f' title="{html.escape(chr(10).join(hover), quote=True)}"'
-            f' style="background:{background};color:{text_colour};{CLIP_STYLES.get(clip, "")}'
-            f'{REJECTED_STYLE if rejected else ""}'
-            f'padding:1px 2px;margin:1px 1px;border-radius:2px;">{visible_text(text)}</span>'
+            f'<span class="pl-token" data-position="{"" if position is None else position}" data-clip="{clip}"'
+            f' data-rejected="{rejected}" title="{html.escape(title, quote=True)}"'
+            f' style="background:{background};color:{text_colour};{TOKEN_STYLE}{CLIP_STYLES.get(clip, "")}'
+            f'{REJECTED_STYLE if rejected else ""}">{html.escape(text, quote=True).replace(chr(10), "<br>")}</span>'
         )
-    legend = colour_legend_html(channel, low, high)
-    return (
-        '<div class="pl-tokens" style="font-family:ui-monospace,Menlo,Consolas,monospace;font-size:16px;'
-        f'line-height:2.0;white-space:normal;word-break:break-all;">{"".join(spans)}</div>{legend}'
-    )
+    legend = colour_legend_html(CHANNELS[channel_name], drawn["low"], drawn["high"])
+    return f'<div class="pl-tokens" style="{TOKENS_STYLE}">{"".join(spans)}</div>{legend}'
+
+
+@functools.lru_cache(maxsize=32)
+def _legend_stops(colorscale: str) -> tuple[str, ...]:
+    return tuple(sample_colorscale(colorscale, [0.0, 0.25, 0.5, 0.75, 1.0]))
 
 
 def colour_legend_html(channel: Channel, low: float, high: float) -> str:
     """A small legend: the colour scale's ends and the clip markers."""
-    stops = [sample_colorscale(channel.colorscale, [x])[0] for x in (0.0, 0.25, 0.5, 0.75, 1.0)]
-    gradient = ", ".join(stops)
+    gradient = ", ".join(_legend_stops(channel.colorscale))
     middle = f" · {channel.center:g} in the middle" if channel.center is not None else ""
     return (
         '<div style="font-size:12px;margin-top:6px;display:flex;gap:14px;align-items:center;flex-wrap:wrap;">'

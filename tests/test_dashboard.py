@@ -7,7 +7,6 @@ nothing and that what it shows equals what an independent DuckDB query over the 
 from __future__ import annotations
 
 import base64
-import html
 import json
 import os
 import re
@@ -101,11 +100,20 @@ def drawn_figures(at: AppTest) -> dict[str, dict]:
     `dashboard.figures.show`, and Streamlit's charts (its fallback)."""
     figures = {}
     for element in at.get("bidi_component"):
+        if not element.proto.component_name.endswith("policylens_figure"):
+            continue
         data = json.loads(element.proto.json)
         figure = json.loads(data["figure"])
         shapes = json.loads(data["shapes"])  # sent apart (figure.js moves them alone when nothing else changed)
         figures[element.proto.id] = figure | {"layout": figure["layout"] | {"shapes": shapes}} if shapes else figure
     return figures | {chart.proto.id: json.loads(chart.proto.spec) for chart in at.get("plotly_chart")}
+
+
+def shown_tokens(at: AppTest) -> dict:
+    """What the Token inspector's token component (dashboard.token_view) was given: by token its `position`,
+    `text` (whitespace made visible), `colour`, `clip`, `rejected` and hover `title`."""
+    [element] = [e for e in at.get("bidi_component") if e.proto.component_name.endswith("policylens_tokens")]
+    return json.loads(element.proto.json)
 
 
 def plotly_spec(at: AppTest, key: str) -> dict:
@@ -175,18 +183,17 @@ def test_token_inspector_shows_the_logged_tokens_escaped_with_clip_marks(trained
                          [run, step, rollout])
     passes = independent(logs_dir, "token_passes", "WHERE run = ? AND step = ? AND rollout_id = ?",
                          [run, step, rollout])
-    body = at.get("html")[0].proto.body
+    spans = shown_tokens(at)
     with pytest.raises(AssertionError, match="no table"):  # the table of values is sent only once opened
         dataframe(at, "token_text", "old_logp")
     open_token_values(at)
-    spans = re.findall(r'<span class="pl-token" data-position="(\d+)" data-clip="(\d)"[^>]*>(.*?)</span>', body)
-    assert [int(p) for p, _, _ in spans] == tokens["position"].tolist()
-    for (_, _, shown), text in zip(spans, tokens["token_text"], strict=True):
-        expected = html.escape(text, quote=True).replace(" ", "·").replace("\t", "→").replace("\r", "␍")
-        assert shown == expected.replace("\n", "↵<br>")
+    assert spans["position"] == tokens["position"].tolist()
+    for shown, text in zip(spans["text"], tokens["token_text"], strict=True):
+        expected = text.replace(" ", "·").replace("\t", "→").replace("\r", "␍")
+        assert shown == expected.replace("\n", "↵\n")
     if len(passes):
         last = passes[passes["pass"] == passes["pass"].max()].sort_values("position")
-        assert [int(c) for _, c, _ in spans] == last["clip"].astype(int).tolist()
+        assert spans["clip"] == last["clip"].astype(int).tolist()
         values = dataframe(at, "token_text", "ratio", "old_logp")
         np.testing.assert_allclose(values["ratio"].to_numpy(), last["ratio"].to_numpy(), rtol=1e-9)
     shown = dataframe(at, "token_text", "ratio", "old_logp")
@@ -532,7 +539,7 @@ def test_every_page_works_on_a_minimal_run(minimal_logs, run, page, monkeypatch)
     if run == "my-run" and page == "groups":  # the README's two completions, as logged
         assert sorted(c.value for c in at.code) == ["5", "6"]
     if run == "my-run" and page == "token_inspector":
-        assert at.get("html") and 'class="pl-token"' in at.get("html")[0].proto.body
+        assert shown_tokens(at)["text"]
     if run == "my-run" and page == "algorithm_weighting":
         assert "grpo" in table(at, "algorithm", "low", "high")["algorithm"].tolist()
     if page == "mismatch" and run != "metrics-only":  # a run without sampler columns: said plainly, no error
@@ -767,11 +774,11 @@ def test_token_inspector_shows_a_critic_runs_advantage_as_its_loss_used_it(train
     body = at.get("html")[0].proto.body
     assert "advantage (as the loss used it)" in body
     assert any("whitened" in c.value and "as the PPO loss used it" in c.value for c in at.caption)
-    titles = [html.unescape(t) for t in re.findall(r'<span class="pl-token"[^>]* title="([^"]*)"', body)]
-    shown = [float(re.search(r"^advantage: (\S+)$", t, re.M).group(1)) for t in titles]
+    spans = shown_tokens(at)
+    shown = [float(re.search(r"^advantage: (\S+)$", t, re.M).group(1)) for t in spans["title"]]
     np.testing.assert_allclose(shown, whitened.to_numpy(), rtol=1e-3, atol=1e-6)  # hover values are 4 digits
     # PPO-clip clips low only a token whose (whitened) advantage is negative, high only a positive one.
-    clips = [int(c) for c in re.findall(r'<span class="pl-token"[^>]* data-clip="(\d)"', body)]
+    clips = spans["clip"]
     assert all(a < 0 for a, c in zip(whitened, clips, strict=True) if c == CLIP_LOW)
     assert all(a > 0 for a, c in zip(whitened, clips, strict=True) if c == CLIP_HIGH)
 

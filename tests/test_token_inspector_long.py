@@ -7,14 +7,22 @@ the Parquet files (`independent`), not with the app's queries.
 
 from __future__ import annotations
 
-import html
 import re
 
 import numpy as np
 import pandas as pd
 import pytest
 from conftest import settle_run_logs
-from test_dashboard import array, dataframe, drawn_figures, independent, open_page, open_token_values, plotly_spec
+from test_dashboard import (
+    array,
+    dataframe,
+    drawn_figures,
+    independent,
+    open_page,
+    open_token_values,
+    plotly_spec,
+    shown_tokens,
+)
 from test_token_views import grid
 
 from dashboard import data
@@ -24,7 +32,6 @@ from engine.correction_settings import REJECT_SEQUENCE, REJECT_TOKEN
 
 LONG, SHORT = 5000, 20  # tokens of rollout 0 and rollout 1
 MISMATCH_LABELS = [CHANNELS[name].label for name in MISMATCH_CHANNELS]
-SPANS = re.compile(r'<span class="pl-token" data-position="(\d+)" data-clip="(\d)" data-rejected="(\d)"[^>]*>')
 
 
 def write_run(logs_dir, name: str, sampler: bool) -> None:
@@ -81,8 +88,9 @@ def logged(logs_dir, run: str, rollout: int) -> pd.DataFrame:
 
 
 def spans(at) -> list[tuple[int, int, int]]:
-    body = at.get("html")[0].proto.body
-    return [(int(p), int(c), int(r)) for p, c, r in SPANS.findall(body)]
+    """(position, clip, rejected) of every token shown."""
+    shown = shown_tokens(at)
+    return list(zip(shown["position"], shown["clip"], shown["rejected"], strict=True))
 
 
 def test_bins_are_the_means_and_counts_of_the_logged_tokens(logs):
@@ -142,9 +150,12 @@ def test_a_long_rollout_is_shown_by_windows_with_a_strip_of_the_whole(logs, monk
     assert not heatmap["layout"].get("shapes")
 
     # Moving the window: the next tokens, and the URL follows (a link opens the same window); the table of values,
-    # once opened, follows too.
+    # once opened, follows too. The completion was read once: a move reads no token.
     open_token_values(at)
+    read = []
+    monkeypatch.setattr(data, "rollout_tokens", lambda *args, **kwargs: read.append(args[1:]))
     at.select_slider(key="window").set_value(2048).run()
+    assert read == []
     assert not at.exception
     assert [p for p, _, _ in spans(at)] == list(range(2048, 2560)) and at.query_params["window"] == "2048"
     at.selectbox(key="window_size").set_value(1024).run()
@@ -176,11 +187,11 @@ def test_the_mismatch_channels_are_offered_only_where_they_were_logged(logs, mon
     at = open_page(logs, "token_inspector", monkeypatch, run="sampled", step=0, rollout=0, channel="rejected")
     assert set(MISMATCH_LABELS) <= set(at.selectbox(key="channel").options)  # AppTest lists the labels
     assert at.selectbox(key="channel").value == "rejected"
-    body = at.get("html")[0].proto.body
-    struck = [p for p, _, r in spans(at) if r]
-    assert struck and body.count("line-through") == len(struck) + 1  # each rejected token, and the legend
-    titles = [html.unescape(t) for t in re.findall(r'data-rejected="[12]"[^>]* title="([^"]*)"', body)]
-    assert all(re.search(r"^rejected: (token|sequence)$", t, re.M) for t in titles)
+    shown = shown_tokens(at)
+    struck = [title for title, rejected in zip(shown["title"], shown["rejected"], strict=True) if rejected]
+    assert struck and "line-through" in shown["styles"]["rejected"]  # drawn struck through
+    assert all(re.search(r"^rejected: (token|sequence)$", t, re.M) for t in struck)
+    assert not any("rejected:" in title for title in shown["title"] if title not in struck)
 
     at = open_page(logs, "token_inspector", monkeypatch, run="plain", step=0, rollout=0, channel="mismatch")
     options = at.selectbox(key="channel").options

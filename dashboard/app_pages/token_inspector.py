@@ -6,8 +6,8 @@ import functools
 
 import streamlit as st
 
-from dashboard import charts, common, data, figures, queries, report
-from dashboard.tokens import CHANNELS, MISMATCH_CHANNELS, token_heatmap_html
+from dashboard import charts, common, data, figures, queries, report, token_view
+from dashboard.tokens import CHANNELS, MISMATCH_CHANNELS
 from engine.clip_codes import CLIP_EVENTS, CLIP_NAMES
 
 OVERVIEW_BINS = 1000  # columns of the strip and the heatmap: about a pixel each on a laptop's wide page
@@ -149,10 +149,13 @@ def text_and_values() -> None:
     else:
         window = (first_pos, last_pos)
         common.set_url_value("window", None)
-    tokens = data.as_loss_used(common.load("the tokens", queries.rollout_tokens, logs, run, step, (rollout_id,), pass_,
-                                           window), whitening)
+    # The whole completion read once (a 16k-token one in about the time of a window: finding its rows is the cost),
+    # then each window cut from it: a move of the window reads nothing.
+    completion = common.load("the tokens", queries.rollout_tokens, logs, run, step, (rollout_id,), pass_)
+    first, last = completion["position"].to_numpy().searchsorted([window[0], window[1] + 1])  # in position order
+    tokens = data.as_loss_used(completion.iloc[first:last].reset_index(drop=True), whitening)
 
-    st.html(token_heatmap_html(tokens, channel))
+    token_view.show(tokens, channel)
     if whitening is not None and channel in ("advantage", "gae_advantage"):
         mean, std = whitening
         st.caption(f"This run has a critic. advantage: the logged GAE advantage whitened with this step's mean "
