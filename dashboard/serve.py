@@ -27,14 +27,17 @@ import sys
 import threading
 import time
 
+BROWSER_DRAWS_S = 5.0
+"""Seconds a first page's browser still works after its script ended (plotly.js loaded and parsed, the figures
+drawn: 3-4.5 s for Runs on two cores); torch's import waits that long without a script run."""
 
-def _after_the_first_page() -> None:
-    """Wait until a first script run has ended and no script has run for `prefetch.QUIET_S` (the browser drawing
-    what it sent)."""
+
+def _after_the_first_page(quiet_s: float = BROWSER_DRAWS_S) -> None:
+    """Wait until a first script run has ended and no script has run for `quiet_s`."""
     from dashboard import prefetch
 
     seen, quiet_since = False, None
-    while not (quiet_since is not None and time.monotonic() - quiet_since >= prefetch.QUIET_S):
+    while not (quiet_since is not None and time.monotonic() - quiet_since >= quiet_s):
         if prefetch.script_running():
             seen, quiet_since = True, None
         elif seen and quiet_since is None:

@@ -149,9 +149,16 @@ def page_problems(page) -> list[str]:
 
 
 # The page clock, the time of its last change, and whether it still shows work under way: Streamlit's running
-# indicator, or a skeleton where an element's code is still being fetched.
+# indicator, a skeleton where an element's code is still being fetched, or a figure on screen that plotly.js has
+# not drawn yet (dashboard/figure.js: plotly.js itself may still be on its way; plotly marks a plot it drew with the
+# class js-plotly-plot). Without the last, a first load whose plotly.js took over a second to arrive (the server
+# busy) was taken as done before its figures were drawn.
 PAGE_STATE = """() => [performance.now(), window.__lastChange,
-    document.querySelectorAll('[data-testid="stStatusWidget"], [data-testid="stSkeleton"]').length > 0]"""
+    document.querySelectorAll('[data-testid="stStatusWidget"], [data-testid="stSkeleton"]').length > 0
+    || [...document.querySelectorAll('.policylens-figure:not(.js-plotly-plot)')].some((plot) => {
+        const box = plot.getBoundingClientRect();
+        return box.width > 0 && box.bottom > -200 && box.top < window.innerHeight + 200;
+    })]"""
 
 
 def wait_idle(page, watch: ServerWatch, runs_before: int | None, timeout_s: float = 60.0,

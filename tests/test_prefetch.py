@@ -83,7 +83,7 @@ def test_the_server_imports_torch_only_once_a_first_page_is_drawn():
     holds the interpreter for seconds and slowed whichever first page it overlapped."""
     from dashboard import serve
 
-    waited = threading.Thread(target=serve._after_the_first_page, daemon=True)
+    waited = threading.Thread(target=serve._after_the_first_page, args=(prefetch.QUIET_S,), daemon=True)
     waited.start()
     waited.join(timeout=prefetch.QUIET_S + 1.0)
     assert waited.is_alive()  # no page yet: no import
