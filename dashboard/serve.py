@@ -5,7 +5,7 @@ them anyway), then, on a thread while the server starts, the logs folder's reade
 `queries.get_reader`'s cache: 1.9 s to open on a run of 100M token rows), and once a first page is drawn, torch (the
 pages that recompute objectives or corrections). Without it the first visit waited for the reader after the server
 was up; with torch imported at once, every first page waited for it: its import holds the interpreter for 3-4 s of
-CPU on two cores, and a first visit of Runs took 7.4-8.1 s instead of 3.7-4.0 (docs/benchmarks.md).
+CPU on two cores, and a first visit of Runs took 7.8-8.0 s instead of 6.3-7.2 (docs/benchmarks.md).
 
 Nothing is imported on the thread while Streamlit imports its own modules: plotly looks pandas up in `sys.modules`
 without waiting for it, so importing pandas there while Streamlit imported plotly once stopped the server.

@@ -112,18 +112,13 @@ def _palette(colorscale: str, levels: int = 256) -> tuple[tuple[str, str], ...]:
     return tuple(out)
 
 
-def _palette_index(value, low: float, high: float, levels: int) -> int:
-    """Where a value falls on a palette of `levels` colours spanning [low, high]; -1 for a missing value."""
-    if is_missing(value) or not math.isfinite(float(value)):
-        return -1
-    return round(min(1.0, max(0.0, (float(value) - low) / (high - low))) * (levels - 1))
-
-
 def _colour(value, low: float, high: float, colorscale: str) -> tuple[str, str]:
     """(background, text colour) for one value; missing values are left uncoloured."""
+    if is_missing(value) or not math.isfinite(float(value)):
+        return "transparent", "inherit"
     palette = _palette(colorscale)
-    index = _palette_index(value, low, high, len(palette))
-    return palette[index] if index >= 0 else ("transparent", "inherit")
+    position = min(1.0, max(0.0, (float(value) - low) / (high - low)))
+    return palette[round(position * (len(palette) - 1))]
 
 
 def is_missing(value) -> bool:
@@ -173,7 +168,7 @@ def _format_signed(value) -> str:
 
 
 def token_spans(tokens: pd.DataFrame, channel_name: str, hover_columns: list[str] | None = None) -> dict:
-    """How each token is drawn, as plain data: what the dashboard's token component (`dashboard/token_text.js`)
+    """How each token is drawn, as plain data: what the dashboard's token component (`dashboard/token_view.js`)
     builds its spans from (as text, never as markup) and what `token_heatmap_html` writes out as HTML.
 
     `tokens` has one row per completion token in order, with `position`, `token_text`, the channel's column and
@@ -186,13 +181,14 @@ def token_spans(tokens: pd.DataFrame, channel_name: str, hover_columns: list[str
     channel = CHANNELS[channel_name]
     hover_columns = hover_columns or [c.column for c in CHANNELS.values()  # the rejection by name, below
                                       if c.column in tokens.columns and c.column != "rejected"]
-    values = tokens[channel.column] if channel.column in tokens.columns else pd.Series(dtype=float)
+    values = tokens[channel.column] if channel.column in tokens.columns else pd.Series(np.nan, index=tokens.index)
     low, high = channel_range(values, channel)
     palette = _palette(channel.colorscale)
-    # Whole columns at once (a window of a long completion is 512 tokens and a dozen hover values each).
+    # Whole columns at once (a window of a long completion is 512 tokens and a dozen hover values each); as
+    # `_colour`: the nearest of the palette's colours (round half to even, as Python's round), -1 when missing.
     scaled = pd.to_numeric(values, errors="coerce").to_numpy(dtype=float, na_value=np.nan)
     colour = np.rint(np.clip((scaled - low) / (high - low), 0.0, 1.0) * (len(palette) - 1))
-    colour = np.where(np.isfinite(scaled), colour, -1).astype(int) if len(tokens) else np.zeros(0, int)
+    colour = np.where(np.isfinite(scaled), colour, -1).astype(int)
     codes = {name: tokens[name].fillna(0).astype(int).tolist() if name in tokens.columns else [0] * len(tokens)
              for name in ("clip", "rejected")}
     texts = tokens["token_text"].astype(object).fillna("").astype(str).tolist()

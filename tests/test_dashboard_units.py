@@ -14,7 +14,15 @@ from synthetic_runs import AUTOLINK_OR_SHORTCODE, HOSTILE_TEXTS
 
 from dashboard import advantage_charts, charts
 from dashboard.common import WORD_JOINER, flag, latest_steps_within, md, number, plain
-from dashboard.tokens import CHANNELS, channel_range, reasoning_steps_html, token_heatmap_html, visible_text
+from dashboard.tokens import (
+    CHANNELS,
+    _colour,
+    channel_range,
+    reasoning_steps_html,
+    token_heatmap_html,
+    token_spans,
+    visible_text,
+)
 from engine.cli import build_parser, dashboard_command
 
 HOSTILE = "<img src=x onerror=alert(1)>"
@@ -44,6 +52,21 @@ def test_token_html_never_contains_a_token_as_markup():
     # Low and high clip events are marked differently (and machine-readably).
     assert 'data-clip="1"' in body and 'data-clip="2"' in body
     assert "border-bottom:4px" in body and "border-top:4px" in body
+
+
+def test_each_token_gets_the_colour_of_its_value_on_the_channel_scale():
+    """`token_spans` colours whole columns at once; each token's colour is the one its own value gets one at a time
+    (the palette's nearest colour between the scale's ends), none where it is missing or not finite."""
+    values = [-0.5, 2.0, 0.0, np.nan, np.inf, 1.0, -2.0, 0.3]
+    tokens = pd.DataFrame({"position": range(len(values)), "token_text": list("abcdefgh"), "advantage": values})
+    drawn = token_spans(tokens, "advantage")
+    assert (drawn["low"], drawn["high"]) == (-2.0, 2.0)
+    palette = [tuple(pair) for pair in drawn["palette"]]
+    shown = [palette[c] if c >= 0 else ("transparent", "inherit") for c in drawn["colour"]]
+    assert shown == [_colour(v, -2.0, 2.0, "RdBu") for v in values]
+    assert drawn["colour"][:3] == [round(1.5 / 4 * 255), 255, round(2 / 4 * 255)]  # 95.6 -> 96, 255, 127.5 -> 128
+    # a channel this window did not log: nothing coloured, every token still there
+    assert token_spans(tokens, "ratio")["colour"] == [-1] * len(values)
 
 
 @pytest.mark.parametrize(
