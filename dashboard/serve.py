@@ -2,13 +2,12 @@
 command line (`streamlit run ...`, the same arguments), with what a first page needs loaded before a page asks: the
 dashboard's libraries (pandas, DuckDB, plotly; imported first, on the main thread, as Streamlit would import most of
 them anyway), then, on a thread while the server starts, the logs folder's reader (shared with every session through
-`queries.get_reader`'s cache: 1.9 s to open on a run of 100M token rows), and once a first page is drawn, torch (the
-pages that recompute objectives or corrections). Without it the first visit waited for the reader after the server
-was up; with torch imported at once, every first page waited for it: its import holds the interpreter for 3-4 s of
-CPU on two cores, and a first visit of Runs took 7.8-8.0 s instead of 6.3-7.2 (docs/benchmarks.md).
+`queries.get_reader`'s cache: 1.9 s to open on a run of 100M token rows) and torch (the pages that recompute
+objectives or corrections). Without it the first visit waited for all of that after the server was up.
 
 Nothing is imported on the thread while Streamlit imports its own modules: plotly looks pandas up in `sys.modules`
-without waiting for it, so importing pandas there while Streamlit imported plotly once stopped the server.
+without waiting for it, so importing pandas there while Streamlit imported plotly once stopped the server. torch
+waits for Streamlit's runtime to exist (the server is then past its imports).
 
 Before the server starts, the installed plotly's plotly.js is put where Streamlit's static file serving finds it
 and that serving is turned on (`dashboard.figures`: the pages draw their figures with it); when the folder cannot
@@ -27,38 +26,23 @@ import sys
 import threading
 import time
 
-BROWSER_DRAWS_S = 5.0
-"""Seconds a first page's browser still works after its script ended (plotly.js loaded and parsed, the figures
-drawn: 3-4.5 s for Runs on two cores); torch's import waits that long without a script run."""
-
-
-def _after_the_first_page(quiet_s: float = BROWSER_DRAWS_S) -> None:
-    """Wait until a first script run has ended and no script has run for `quiet_s`."""
-    from dashboard import prefetch
-
-    seen, quiet_since = False, None
-    while not (quiet_since is not None and time.monotonic() - quiet_since >= quiet_s):
-        if prefetch.script_running():
-            seen, quiet_since = True, None
-        elif seen and quiet_since is None:
-            quiet_since = time.monotonic()
-        time.sleep(prefetch.POLL_S)
-
 
 def _warm_up(logs_dir: str) -> None:
+    from streamlit.runtime import Runtime  # both imported by `main` already
+
     from dashboard import queries
 
     try:
         queries.get_reader(logs_dir)
-        # torch's import holds the interpreter for seconds of CPU: done while the first page is drawn, it slowed
-        # that page (its script waits for the interpreter). A first page that needs torch imports it itself.
-        _after_the_first_page()
+        while not Runtime.exists():
+            time.sleep(0.05)
         import torch  # noqa: F401
     except Exception:  # nothing is lost: the first page loads what failed here, and shows why if it fails again
         pass
 
 
 def main(argv: list[str]) -> None:
+    from streamlit.runtime import Runtime  # noqa: F401  (for `_warm_up`)
     from streamlit.web import cli
 
     from dashboard import charts, common, figures, queries  # noqa: F401  pandas, pyarrow, DuckDB, plotly, streamlit

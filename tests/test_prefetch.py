@@ -77,24 +77,3 @@ def test_streamlit_warns_of_no_session_in_other_threads_but_not_in_the_prefetch_
         logger.removeHandler(handler)
     assert warned == [threading.current_thread().name]
 
-
-def test_the_server_imports_torch_only_once_a_first_page_is_drawn():
-    """dashboard.serve's warm-up waits for a first script run to end and a quiet moment after it: torch's import
-    holds the interpreter for seconds and slowed whichever first page it overlapped."""
-    from dashboard import serve
-
-    waited = threading.Thread(target=serve._after_the_first_page, args=(prefetch.QUIET_S,), daemon=True)
-    waited.start()
-    waited.join(timeout=prefetch.QUIET_S + 1.0)
-    assert waited.is_alive()  # no page yet: no import
-    release = threading.Event()
-    script = threading.Thread(target=release.wait, name=prefetch.SCRIPT_THREAD, daemon=True)
-    script.start()
-    waited.join(timeout=prefetch.QUIET_S + 1.0)
-    assert waited.is_alive()  # a page's script runs
-    release.set()
-    script.join()
-    ended = time.monotonic()
-    waited.join(timeout=SETTLE_S)
-    assert not waited.is_alive()
-    assert time.monotonic() - ended >= prefetch.QUIET_S - prefetch.POLL_S  # the browser draws what was sent
