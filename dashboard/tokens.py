@@ -89,12 +89,12 @@ def channel_range(values: pd.Series, channel: Channel) -> tuple[float, float]:
     """(low, high) of the colour scale; diverging scales are symmetric around their centre."""
     if channel.fixed_range is not None:
         return channel.fixed_range
-    finite = pd.to_numeric(values, errors="coerce").dropna()
-    finite = finite[finite.map(math.isfinite)]
-    if finite.empty:
+    numbers = pd.to_numeric(values, errors="coerce").to_numpy(dtype=float, na_value=np.nan)
+    finite = numbers[np.isfinite(numbers)]
+    if not finite.size:
         return (-1.0, 1.0) if channel.center is None else (channel.center - 1.0, channel.center + 1.0)
     if channel.center is not None:
-        spread = float((finite - channel.center).abs().max()) or 1.0
+        spread = float(np.abs(finite - channel.center).max()) or 1.0
         return channel.center - spread, channel.center + spread
     low, high = float(finite.min()), float(finite.max())
     return (low, high) if high > low else (low - 1.0, high + 1.0)
