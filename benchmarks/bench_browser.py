@@ -12,7 +12,9 @@ figures would be those of the error page); a widget change that shows one, or a 
 click that times out), ends that page's repetition, is reported at the end, and the benchmark goes on. Measured,
 medians of `--repeat` (browser, server and DuckDB share the machine, as they would on a laptop):
 - first load: a page opened in a new tab (new browser context) of a server started for it (nothing imported or
-  cached yet, as on a user's first visit), from navigation start;
+  cached yet, as on a user's first visit), from navigation start; with `--returning-browser`, in a new tab of a
+  browser that opened every measured page twice before on the same address (as a user's browser the next time:
+  Streamlit's scripts and plotly.js come from its cache, compiled);
 - reload: the same tab reloaded (server and browser warm);
 - interactions: every widget of every page changed in turn (another option, a key press on a slider, a click, a
   new cell value), as the browser test does; the sidebar's run excepted; on the Token inspector first the text's
@@ -309,26 +311,50 @@ def measure_figures(logs_dir: Path, run: str, step: int, longest: tuple[int, int
     return results
 
 
+def returning_browser(playwright, profile: str, logs_dir: Path, port: int, targets: list[str]):
+    """A browser context on a profile folder (its caches on disk, as a user's browser) that has opened each of
+    `targets` twice on a server at `port`: chromium keeps a script's compiled code from its second run on, so the
+    pages' next loads find Streamlit's scripts and plotly.js compiled (plotly.js alone: 1.5-2 s to run the first
+    times on this machine, about 0.25 s with its compiled code)."""
+    context = playwright.chromium.launch_persistent_context(
+        profile, executable_path=screenshots.CHROMIUM, args=screenshots.CHROMIUM_ARGS, headless=True,
+        viewport={"width": 1400, "height": 1000})
+    with screenshots.serve_dashboard(logs_dir, port=port, timeout=LOAD_TIMEOUT_S) as url:
+        for _ in range(2):
+            for target in targets:
+                page = context.new_page()
+                load(page, widgets.ServerWatch().attach(page), f"{url}/{target}")
+                page.close()
+    return context
+
+
 def measure(logs_dir: Path, run: str, step: int, longest: tuple[int, int], repeat: int,
-            pages: list[str]) -> dict[str, list[float]]:
+            pages: list[str], returning: bool = False) -> dict[str, list[float]]:
+    import tempfile
+
     from playwright.sync_api import sync_playwright
 
     results: dict[str, list[float]] = {}
 
     query, peak_memory, failures = f"run={run}&step={step}", [], []
     token_query = f"run={run}&step={longest[0]}&rollout={longest[1]}"
-    with sync_playwright() as playwright:
-        browser = screenshots.launch_browser(playwright)
+    targets = {name: f"{path}?{token_query if name == 'tokens' else query}" for name, path in PAGES.items()
+               if name in pages}
+    # A returning user's browser comes back to the same address (its caches are per origin): one port for all.
+    port = screenshots.free_port()
+    with sync_playwright() as playwright, tempfile.TemporaryDirectory() as profile:
+        if returning:
+            returned = returning_browser(playwright, profile, logs_dir, port, list(targets.values()))
+        else:
+            browser = screenshots.launch_browser(playwright)
         for _ in range(repeat):
-            for name, path in PAGES.items():
-                if name not in pages:
-                    continue
+            for name, target in targets.items():
                 # A fresh server per page: its first load is a user's first visit (nothing imported or cached)
-                with screenshots.serve_dashboard(logs_dir, timeout=LOAD_TIMEOUT_S) as url:
-                    context = browser.new_context(viewport={"width": 1400, "height": 1000})
+                with screenshots.serve_dashboard(logs_dir, port=port, timeout=LOAD_TIMEOUT_S) as url:
+                    context = returned if returning else browser.new_context(viewport={"width": 1400, "height": 1000})
                     page = context.new_page()
                     watch = widgets.ServerWatch().attach(page)
-                    target = f"{url}/{path}?{token_query if name == 'tokens' else query}"
+                    target = f"{url}/{target}"
                     record_split(results, f"first load (fresh server): {name}", load(page, watch, target))
                     record_split(results, f"reload: {name}", reload(page, watch))
                     if name == "tokens":
@@ -351,9 +377,9 @@ def measure(logs_dir: Path, run: str, step: int, longest: tuple[int, int], repea
                     else:  # every change went through
                         record_split(results, f"{name}: the step after a {LOOK_S:g} s look",
                                      step_after_a_look(page, watch))
-                    context.close()
-                    peak_memory.append(server_memory_mb(int(url.rsplit(":", 1)[1])))
-        browser.close()
+                    page.close() if returning else context.close()
+                    peak_memory.append(server_memory_mb(port))
+        returned.close() if returning else browser.close()
     if any(m is not None for m in peak_memory):
         print(f"  dashboard server peak resident memory: {max(m for m in peak_memory if m is not None):.0f} MB")
     for failure in failures:
@@ -367,6 +393,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--run", action="append", help="run(s) to measure (default: every bench-* run)")
     parser.add_argument("--repeat", type=int, default=3)
     parser.add_argument("--pages", nargs="+", choices=list(PAGES), default=list(PAGES), help="only these pages")
+    parser.add_argument("--returning-browser", action="store_true",
+                        help="load the pages in a browser that opened them before (its caches and compiled scripts "
+                             "warm), instead of a first visit ever")
     parser.add_argument("--floor", action="store_true", help="what Streamlit alone costs (FLOOR_APPS), no run")
     parser.add_argument("--figures", choices=list(PAGES), help="where this page's browser time goes: its figures "
                                                                "alone, in Streamlit and in bare Plotly")
@@ -391,7 +420,8 @@ def main(argv: list[str] | None = None) -> int:
         if args.figures:
             results = measure_figures(logs_dir, run, step, (token_step, rollout), args.figures, args.repeat)
         else:
-            results = measure(logs_dir, run, step, (token_step, rollout), args.repeat, args.pages)
+            results = measure(logs_dir, run, step, (token_step, rollout), args.repeat, args.pages,
+                              args.returning_browser)
         print_medians(results, args.repeat)
     return 0
 

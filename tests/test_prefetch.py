@@ -76,4 +76,3 @@ def test_streamlit_warns_of_no_session_in_other_threads_but_not_in_the_prefetch_
     finally:
         logger.removeHandler(handler)
     assert warned == [threading.current_thread().name]
-
