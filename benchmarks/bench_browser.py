@@ -349,7 +349,7 @@ def measure(logs_dir: Path, run: str, step: int, longest: tuple[int, int], repea
             browser = screenshots.launch_browser(playwright)
         for _ in range(repeat):
             for name, target in targets.items():
-                # A fresh server per page: its first load is a user's first visit (nothing imported or cached)
+                # A fresh server per page: nothing imported or cached in it yet
                 with screenshots.serve_dashboard(logs_dir, port=port, timeout=LOAD_TIMEOUT_S) as url:
                     context = returned if returning else browser.new_context(viewport={"width": 1400, "height": 1000})
                     page = context.new_page()
@@ -377,9 +377,9 @@ def measure(logs_dir: Path, run: str, step: int, longest: tuple[int, int], repea
                     else:  # every change went through
                         record_split(results, f"{name}: the step after a {LOOK_S:g} s look",
                                      step_after_a_look(page, watch))
-                    page.close() if returning else context.close()
+                    (page if returning else context).close()  # a returning browser keeps its profile open
                     peak_memory.append(server_memory_mb(port))
-        returned.close() if returning else browser.close()
+        (returned if returning else browser).close()
     if any(m is not None for m in peak_memory):
         print(f"  dashboard server peak resident memory: {max(m for m in peak_memory if m is not None):.0f} MB")
     for failure in failures:
