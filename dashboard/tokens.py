@@ -1,11 +1,12 @@
-"""Token heatmap HTML: one rollout's tokens coloured by a channel, clip events painted on them.
+"""One rollout's tokens coloured by a channel, clip events painted on them: as plain data (`token_spans`, which the
+Token inspector's component draws as text, `dashboard.token_view`) and as HTML (`token_heatmap_html`, the report).
 
 Every piece of token text goes through `html.escape` before it touches markup, so a completion that contains
 `<img src=x onerror=alert(1)>` is shown as those characters, never as an element. Whitespace is made visible
 (`·` for a space, `→` for a tab, `↵` for a newline followed by a real line break) because for a tokenizer a
 leading space or a newline is a token like any other and users need to see where it went.
 
-No Streamlit calls here: the page passes the returned string to `st.html`.
+No Streamlit calls here.
 """
 
 from __future__ import annotations
@@ -82,7 +83,12 @@ def visible_whitespace(text: str) -> str:
 
 def visible_text(text: str) -> str:
     """Escape a token's text for HTML and make its whitespace visible."""
-    return html.escape(visible_whitespace(text), quote=True).replace("\n", "<br>")
+    return _as_html(visible_whitespace(text))
+
+
+def _as_html(shown: str) -> str:
+    """`visible_whitespace`'s text as HTML: escaped, its newlines real line breaks."""
+    return html.escape(shown, quote=True).replace("\n", "<br>")
 
 
 def channel_range(values: pd.Series, channel: Channel) -> tuple[float, float]:
@@ -222,7 +228,7 @@ def token_heatmap_html(tokens: pd.DataFrame, channel_name: str, hover_columns: l
             f'<span class="pl-token" data-position="{"" if position is None else position}" data-clip="{clip}"'
             f' data-rejected="{rejected}" title="{html.escape(title, quote=True)}"'
             f' style="background:{background};color:{text_colour};{TOKEN_STYLE}{CLIP_STYLES.get(clip, "")}'
-            f'{REJECTED_STYLE if rejected else ""}">{html.escape(text, quote=True).replace(chr(10), "<br>")}</span>'
+            f'{REJECTED_STYLE if rejected else ""}">{_as_html(text)}</span>'
         )
     legend = colour_legend_html(CHANNELS[channel_name], drawn["low"], drawn["high"])
     return f'<div class="pl-tokens" style="{TOKENS_STYLE}">{"".join(spans)}</div>{legend}'
@@ -230,6 +236,7 @@ def token_heatmap_html(tokens: pd.DataFrame, channel_name: str, hover_columns: l
 
 @functools.lru_cache(maxsize=32)
 def _legend_stops(colorscale: str) -> tuple[str, ...]:
+    """Five colours along a scale, sampled once per scale."""
     return tuple(sample_colorscale(colorscale, [0.0, 0.25, 0.5, 0.75, 1.0]))
 
 
