@@ -8,8 +8,10 @@ computed is only what the caches keep anyway, so a guess that goes unused costs 
 
 The thread gives way to the user: it starts a guess only once no script has run (in any session) for `QUIET_S`,
 the time the browser takes to draw what the script sent, and a newer page's request replaces one not started. A
-guess whose work fails is left to the page, which reports the error when it asks itself. No Streamlit calls here:
-what `work` calls runs outside any session (cached functions only).
+guess under way stops at its next `give_way` (its work calls it between its cached calls) when a script starts:
+it is done again later, what it finished found in the caches, unless a newer request replaced its own. A guess
+whose work fails is left to the page, which reports the error when it asks itself. No Streamlit calls here: what
+`work` calls runs outside any session (cached functions only).
 """
 
 from __future__ import annotations
@@ -31,7 +33,8 @@ THREAD = "policylens-prefetch"
 
 _log = logging.getLogger(__name__)
 _condition = threading.Condition()
-_pending: list[tuple[Callable[[Any], object], list]] = []  # at most one request: (work, guesses left)
+_pending: list[tuple[int, Callable[[Any], object], list]] = []  # at most one request: (number, work, guesses left)
+_requests = 0  # how many requests `ahead` took: the number of the newest one
 _busy = False  # the thread is inside some work
 _last_script = 0.0  # time.monotonic() when a script was last seen running
 _thread: threading.Thread | None = None
@@ -59,14 +62,27 @@ def neighbours(steps: Sequence[int], step: int) -> list[int]:
 def ahead(work: Callable[[Any], object], guesses: Sequence) -> None:
     """Call `work(guess)` for each of `guesses`, in order, on the server's prefetch thread, each once no script has
     run for `QUIET_S`. Replaces a request whose guesses have not started."""
-    global _thread, _last_script
+    global _thread, _last_script, _requests
     with _condition:
         _last_script = time.monotonic()  # the caller's
-        _pending[:] = [(work, list(guesses))] if guesses else []
+        _requests += 1
+        _pending[:] = [(_requests, work, list(guesses))] if guesses else []
         if _thread is None or not _thread.is_alive():
             _thread = threading.Thread(target=_serve, name=THREAD, daemon=True)
             _thread.start()
         _condition.notify_all()
+
+
+class GaveWay(Exception):
+    """Raised by `give_way`: the guess under way stopped for a user's script."""
+
+
+def give_way() -> None:
+    """For a guess's work to call between its steps: raises GaveWay (on the prefetch thread only) when some
+    session's script is running, so that the user's page has the cores; the guess is done again later, its finished
+    steps found in the caches. Does nothing in any other thread (a page calling the same function)."""
+    if threading.current_thread().name == THREAD and script_running():
+        raise GaveWay
 
 
 def settled(timeout: float) -> bool:
@@ -81,8 +97,9 @@ def script_running() -> bool:
     return any(thread.name == SCRIPT_THREAD for thread in threading.enumerate())
 
 
-def _next_guess() -> tuple[Callable[[Any], object], Any]:
-    """Wait for a request and for `QUIET_S` without a script run; take its next guess."""
+def _next_guess() -> tuple[int, Callable[[Any], object], Any]:
+    """Wait for a request and for `QUIET_S` without a script run; take its next guess: (the request's number, its
+    work, the guess)."""
     global _busy, _last_script
     while True:
         with _condition:
@@ -97,18 +114,31 @@ def _next_guess() -> tuple[Callable[[Any], object], Any]:
         with _condition:
             if not _pending:
                 continue
-            work, guesses = _pending[0]
+            number, work, guesses = _pending[0]
             guess = guesses.pop(0)
             if not guesses:
                 _pending.clear()
             _busy = True
-            return work, guess
+            return number, work, guess
+
+
+def _put_back(number: int, work: Callable[[Any], object], guess) -> None:
+    """Make `guess` of request `number` the next one again, unless a newer request replaced that request."""
+    with _condition:
+        if number != _requests:
+            return
+        if _pending:  # the request's guesses after this one
+            _pending[0][2].insert(0, guess)
+        else:
+            _pending.append((number, work, [guess]))
 
 
 def _serve() -> None:
     while True:
-        work, guess = _next_guess()
+        number, work, guess = _next_guess()
         try:
             work(guess)
+        except GaveWay:
+            _put_back(number, work, guess)
         except Exception:  # the page asks again when the user gets there, and shows what fails
             _log.debug("prefetching %r failed", guess, exc_info=True)

@@ -76,3 +76,76 @@ def test_streamlit_warns_of_no_session_in_other_threads_but_not_in_the_prefetch_
     finally:
         logger.removeHandler(handler)
     assert warned == [threading.current_thread().name]
+
+
+def script_thread(release: threading.Event) -> threading.Thread:
+    """A thread named as Streamlit names a session's script run, running until `release` is set."""
+    script = threading.Thread(target=release.wait, name=prefetch.SCRIPT_THREAD, daemon=True)
+    script.start()
+    return script
+
+
+def work_giving_way(calls: list, finished: list, first_step_done: threading.Event, go_on: threading.Event,
+                    gave_way: threading.Event):
+    """A guess's work in two steps with `give_way` between them; its first call waits for `go_on` after its first
+    step (so that the test can start a script then)."""
+    def work(step):
+        calls.append(step)
+        if len(calls) == 1:
+            first_step_done.set()
+            go_on.wait()
+        try:
+            prefetch.give_way()
+        except prefetch.GaveWay:
+            gave_way.set()
+            raise
+        finished.append(step)
+    return work
+
+
+@pytest.mark.usefixtures("prefetching")
+def test_a_guess_under_way_stops_for_a_script_and_is_done_again_after_it():
+    calls, finished = [], []
+    first_step_done, go_on, gave_way, release = (threading.Event() for _ in range(4))
+    prefetch.ahead(work_giving_way(calls, finished, first_step_done, go_on, gave_way), [3, 4])
+    assert first_step_done.wait(SETTLE_S)
+    script = script_thread(release)  # the user acts while guess 3 is under way
+    go_on.set()
+    try:
+        assert gave_way.wait(SETTLE_S)
+        assert finished == []  # stopped before its second step
+        assert not prefetch.settled(timeout=prefetch.QUIET_S + 1.0)  # and not taken again while the script runs
+        assert calls == [3]
+    finally:
+        release.set()
+        script.join()
+    assert prefetch.settled(timeout=SETTLE_S)
+    assert (calls, finished) == ([3, 3, 4], [3, 4])  # guess 3 again, then the rest of the request
+
+
+@pytest.mark.usefixtures("prefetching")
+def test_a_guess_stopped_for_a_script_is_dropped_when_that_script_asks_for_other_guesses():
+    calls, finished = [], []
+    first_step_done, go_on, gave_way, release = (threading.Event() for _ in range(4))
+    prefetch.ahead(work_giving_way(calls, finished, first_step_done, go_on, gave_way), [3, 4])
+    assert first_step_done.wait(SETTLE_S)
+    script = script_thread(release)
+    go_on.set()
+    try:
+        assert gave_way.wait(SETTLE_S)
+        prefetch.ahead(finished.append, [9])  # the page the user moved to asks for its own neighbours
+    finally:
+        release.set()
+        script.join()
+    assert prefetch.settled(timeout=SETTLE_S)
+    assert (calls, finished) == ([3], [9])
+
+
+def test_give_way_does_nothing_outside_the_prefetch_thread():
+    release = threading.Event()
+    script = script_thread(release)
+    try:
+        prefetch.give_way()  # a page calling the same function as a guess: it is the script itself
+    finally:
+        release.set()
+        script.join()

@@ -199,8 +199,10 @@ def weigh_ahead(guess: tuple[int, int | None]) -> None:
     at = update if 0 <= update < passes else passes - 1  # as the update picker: kept while it exists
     whitened_by = queries.step_whitening(logs, run, at_step)
     tokens = StepTokens(logs, run, at_step, ids, at, shared=False)
+    prefetch.give_way()
     if weighed_tokens(logs, run, at_step, ids, at, tokens) is not None:
         for algo, overrides in knobs:
+            prefetch.give_way()  # each algorithm of a whole step of long completions is ~0.1 s of a core
             weigh_one(logs, run, at_step, ids, at, algo, overrides, whitened_by, tokens)
 
 

@@ -146,9 +146,11 @@ def mismatch_step_ahead(next_step: int) -> None:
     caches the page reads."""
     if queries.step_mismatch(logs, run, next_step) is None:
         return
+    prefetch.give_way()  # between the cached calls: a user's script started meanwhile goes first
     queries.group_summary(logs, run, next_step)
     rollouts = queries.step_rollout_numbers(logs, run, next_step, "train")
     queries.correction_table(logs, run, next_step)
+    prefetch.give_way()
     members = group_members(rollouts[rollouts["rollout_id"].notna()], shown_group)
     if len(members):  # the page keeps the group when the next step has it
         queries.correction_weights(logs, run, next_step, tuple(int(r) for r in members["rollout_id"]),
