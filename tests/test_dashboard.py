@@ -989,6 +989,40 @@ def test_weighting_of_one_group_computes_the_whole_step_ahead(trained, monkeypat
     assert [array(trace["y"]).tolist() for trace in shown["data"]] == totals
 
 
+def test_weighting_computes_the_other_update_ahead_so_choosing_it_weighs_nothing(trained, monkeypatch, prefetching):
+    """Algorithm weighting opens on the last update of a run that made two (two epochs): its server also weighs the
+    same tokens at the first one, so that choosing it in the picker asks no objective and shows what a fresh visit
+    computes."""
+    import streamlit as st
+
+    from dashboard import data
+
+    logs_dir, run = trained
+    step = last_step(logs_dir, run)
+    st.cache_data.clear()
+    st.cache_resource.clear()
+    read_updates = []
+    tokens_at_update = data.tokens_at_update
+    monkeypatch.setattr(data, "tokens_at_update", lambda r, run, s, ids, update, *a: read_updates.append(update)
+                        or tokens_at_update(r, run, s, ids, update, *a))
+    at = open_page(logs_dir, "algorithm_weighting", monkeypatch, run=run, step=step)
+    assert at.selectbox(key="weigh_update").options == ["epoch 1 of 2", "epoch 2 of 2"]
+    assert at.selectbox(key="weigh_update").value == 1
+    assert prefetching.settled(timeout=120)
+    assert 0 in read_updates  # the first update's log-probs, read in advance
+    read_updates.clear()
+    at.selectbox(key="weigh_update").set_value(0).run()
+    assert not at.exception
+    assert read_updates == []
+    shown = plotly_spec(at, "total_weight_vs_length")
+    st.cache_data.clear()
+    st.cache_resource.clear()
+    fresh = open_page(logs_dir, "algorithm_weighting", monkeypatch, run=run, step=step)
+    fresh.selectbox(key="weigh_update").set_value(0).run()
+    assert read_updates, "the fresh visit read the first update's log-probs"
+    assert plotly_spec(fresh, "total_weight_vs_length")["data"] == shown["data"]
+
+
 def test_mismatch_computes_the_previous_step_ahead_so_moving_there_recomputes_nothing(trained_prm, monkeypatch,
                                                                                     prefetching):
     """Once Mismatch is drawn at the last step, the server's prefetch thread reads the step before it and computes

@@ -183,10 +183,10 @@ if not results:
     st.stop()
 
 
-def weigh_ahead(guess: tuple[int, int | None]) -> None:
-    """What this page asks for the tokens of `guess` = (step, group id or None for the whole step) with the same
-    update, algorithms and knobs, for `dashboard.prefetch`: the answers land in the caches the page reads."""
-    at_step, group = guess
+def weigh_ahead(guess: tuple[int, int | None, int]) -> None:
+    """What this page asks for the tokens of `guess` = (step, group id or None for the whole step, update) with the
+    same algorithms and knobs, for `dashboard.prefetch`: the answers land in the caches the page reads."""
+    at_step, group, wanted_update = guess
     numbers = queries.step_rollout_numbers(logs, run, at_step, "train")
     queries.group_summary(logs, run, at_step)
     numbers = numbers[numbers["rollout_id"].notna()]
@@ -196,7 +196,7 @@ def weigh_ahead(guess: tuple[int, int | None]) -> None:
     if not ids:
         return
     passes = queries.update_count(logs, run, at_step, ids)
-    at = update if 0 <= update < passes else passes - 1  # as the update picker: kept while it exists
+    at = wanted_update if 0 <= wanted_update < passes else passes - 1  # as the update picker: kept while it exists
     whitened_by = queries.step_whitening(logs, run, at_step)
     tokens = StepTokens(logs, run, at_step, ids, at, shared=False)
     prefetch.give_way()
@@ -206,9 +206,12 @@ def weigh_ahead(guess: tuple[int, int | None]) -> None:
             weigh_one(logs, run, at_step, ids, at, algo, overrides, whitened_by, tokens)
 
 
-# The next and the previous step as shown, then, from one group, this step's whole (the other choice of "Tokens of").
-prefetch.ahead(weigh_ahead, [(s, group_id) for s in prefetch.neighbours(selection.steps, step)]
-               + ([(step, None)] if group_id is not None else []))
+# The same tokens at the updates next to this one (the picker above: a whole step of long completions takes ~2 s to
+# read and weigh again), the next and the previous step as shown, then, from one group, this step's whole (the other
+# choice of "Tokens of").
+prefetch.ahead(weigh_ahead, [(step, group_id, u) for u in (update + 1, update - 1) if 0 <= u < updates]
+               + [(s, group_id, update) for s in prefetch.neighbours(selection.steps, step)]
+               + ([(step, None, update)] if group_id is not None else []))
 
 info = chosen.set_index("rollout_id").loc[batch_ids]
 logged_advantage = pd.to_numeric(info["advantage"], errors="coerce").to_numpy(dtype=float)  # NaN: not logged
