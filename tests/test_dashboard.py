@@ -116,6 +116,24 @@ def shown_tokens(at: AppTest) -> dict:
     return json.loads(element.proto.json)
 
 
+def shown_groups(at: AppTest) -> list[dict]:
+    """What the Groups page's component (dashboard.group_view) was given: by group its `head` line ([text, bold]
+    pieces), `prompt` and `members`, each with its `head`, `reward`, `text`, `note`, `rollout` and `link`."""
+    [element] = [e for e in at.get("bidi_component") if e.proto.component_name.endswith("policylens_groups")]
+    return json.loads(element.proto.json)["groups"]
+
+
+def groups_text(at: AppTest) -> str:
+    """Every string the Groups page's component shows, one line each."""
+    def line(pieces):
+        return "".join(text for text, _ in pieces)
+
+    return "\n".join(
+        "\n".join([line(group["head"]), group["prompt"]] + [
+            "\n".join([line(m["head"]), m["reward"], m["text"], m["note"]]) for m in group["members"]])
+        for group in shown_groups(at))
+
+
 def plotly_spec(at: AppTest, key: str) -> dict:
     for element_id, spec in drawn_figures(at).items():
         if key in element_id:
@@ -218,10 +236,12 @@ def test_groups_page_matches_the_group_statistics(trained, monkeypatch):
     np.testing.assert_allclose(shown.loc[expected.index, "reward_mean"], expected["mean"], rtol=1e-9)
     np.testing.assert_allclose(shown.loc[expected.index, "reward_std"], expected["std"], rtol=1e-9, atol=1e-12)
     assert (shown.loc[expected.index, "size"] == expected["size"]).all()
-    # Every completion of the shown groups is on the page, as text (st.code escapes it).
-    codes = [c.value for c in at.code]
+    # Every completion of the shown groups is on the page, with its link to its tokens.
+    members = [m for group in shown_groups(at) for m in group["members"]]
     first_group = rollouts[rollouts["group_id"] == shown.index[0]]
-    assert all(c in codes for c in first_group["completion"])
+    assert all(c in [m["text"] for m in members] for c in first_group["completion"])
+    member = members[0]
+    assert member["link"] == f"tokens?run={run}&step={step}&rollout={member['rollout']}"
     # The text search keeps the groups with a matching prompt or completion.
     needle = first_group["completion"].iloc[0][:3]
     at.text_input[0].set_value(needle).run()
@@ -495,8 +515,8 @@ def test_logged_text_is_shown_as_text_on_every_page(hostile_logs, monkeypatch):
         assert [h.value for h in at.header] == [PAGES[page]]
         text = assert_no_markup_from_logged_text(at)
         assert HOSTILE_TEXTS[0] in text  # the task, in the sidebar
-        if page == "groups":  # the filter reason: in the step's summary line and on the dropped group
-            assert text.count(hostile) >= 2, text
+        if page == "groups":  # the filter reason: in the step's summary line and on the dropped group's box
+            assert hostile in text and f"dropped ({hostile})" in groups_text(at), (text, groups_text(at))
         if page == "token_inspector":
             assert f"Reference answer: {hostile}" in text and f"Filtered from the update: {hostile}" in text
         if page == "replay":
@@ -537,7 +557,7 @@ def test_every_page_works_on_a_minimal_run(minimal_logs, run, page, monkeypatch)
     assert [h.value for h in at.header] == [PAGES[page]]
     assert not at.error, [e.value for e in at.error]
     if run == "my-run" and page == "groups":  # the README's two completions, as logged
-        assert sorted(c.value for c in at.code) == ["5", "6"]
+        assert sorted(m["text"] for group in shown_groups(at) for m in group["members"]) == ["5", "6"]
     if run == "my-run" and page == "token_inspector":
         assert shown_tokens(at)["text"]
     if run == "my-run" and page == "algorithm_weighting":

@@ -3,14 +3,15 @@ plotly.js served by the dashboard itself; Streamlit's chart element when the ser
 
 Under AppTest: what each way sends (the figure's JSON, plotly.js's URL). In chromium (slow): every figure of a page
 drawn by the served plotly.js (one further down once scrolled to), a click on the Token inspector's strip moving its
-window, a figure shown full screen and back, and the figures following the theme (light or dark, as the browser
-asks)."""
+window, a figure shown full screen and back, the figures following the theme (light or dark, as the browser asks),
+and a Groups completion's link to its tokens."""
 
 from __future__ import annotations
 
 import json
 import os
 from pathlib import Path
+from urllib.parse import parse_qs, urlparse
 
 import plotly
 import plotly.graph_objects as go
@@ -170,4 +171,17 @@ def test_in_a_browser_the_served_plotly_draws_figures_once_in_sight_a_click_move
         page.wait_for_function("c => document.querySelector('.policylens-figure')._fullLayout.font.color === c",
                                arg=light)
         assert strip.evaluate(brightness) < 3 * 100
+
+        # Groups' completions (dashboard.group_view): a "tokens" link opens that completion in the Token inspector,
+        # in the same document (a page switch of the session, not a new load of the app).
+        page.goto(f"{url}/groups?run=long&step=0")
+        screenshots.wait_until_rendered(page, GENEROUS_MS)
+        link = page.locator("a.pl-completion-link").last
+        rollout = parse_qs(urlparse(link.get_attribute("href")).query)["rollout"][0]
+        page.evaluate("window.sameDocument = true")
+        link.click()
+        page.wait_for_function("r => location.pathname.endsWith('/tokens') && "
+                               "new URLSearchParams(location.search).get('rollout') === r", arg=rollout)
+        page.get_by_role("heading", name="Token inspector").wait_for()
+        assert page.evaluate("window.sameDocument === true")
         browser.close()

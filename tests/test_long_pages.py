@@ -14,7 +14,7 @@ import numpy as np
 import pandas as pd
 import pytest
 from conftest import settle_run_logs
-from test_dashboard import array, dataframe, independent, open_page, plotly_spec, table
+from test_dashboard import array, dataframe, independent, open_page, plotly_spec, shown_groups, table
 
 from dashboard import advantage_charts, data, recompute
 from dashboard.tokens import visible_text
@@ -225,9 +225,10 @@ def test_prm_steps_of_a_short_completion_look_as_before(logs, monkeypatch):
 def test_groups_and_replay_receive_previews_and_search_the_whole_text(logs, monkeypatch):
     completions = independent(logs, "rollouts", "WHERE run = ? AND step = 0 ORDER BY rollout_id", [RUN])["completion"]
     at = open_page(logs, "groups", monkeypatch, run=RUN, step=0)
-    codes = [c.value for c in at.code]
-    assert codes[0] == completions[0][: data.COMPLETION_PREVIEW_CHARS] and codes[2] == completions[2]
-    assert any(f"of {len(completions[0]):,} characters" in c.value for c in at.caption)
+    members = [m for group in shown_groups(at) for m in group["members"]]
+    assert members[0]["text"] == completions[0][: data.COMPLETION_PREVIEW_CHARS]
+    assert members[2]["text"] == completions[2] and members[2]["note"] == ""  # short enough: whole, no note
+    assert members[0]["note"] == f"the first {data.COMPLETION_PREVIEW_CHARS:,} of {len(completions[0]):,} characters"
     at.text_input[0].set_value("NEEDLE-AT").run()  # past the preview, any case: found by DuckDB in the whole text
     assert dataframe(at, "group_id", "outcome")["group_id"].tolist() == [0]
     at.text_input[0].set_value("not in any text").run()

@@ -2,16 +2,14 @@
 
 from __future__ import annotations
 
-import pandas as pd
 import streamlit as st
 
-from dashboard import common, data, queries
+from dashboard import common, data, group_view, queries
 
 GROUPS_PER_PAGE = 8
-COMPLETIONS_PER_PAGE = 64  # fewer groups a page when they are large: a browser draws ~5 elements per completion
+COMPLETIONS_PER_PAGE = 64  # fewer groups a page when they are large
 # The outcomes `data.group_summary` gives a group: from its correctness column, or from its rewards without one.
 OUTCOMES = ("mixed", "all correct", "all wrong", "no signal", "no reward")
-COLUMNS_PER_ROW = 4
 
 selection = common.require_selection()
 logs, run, step = selection.logs_dir, selection.run, selection.step
@@ -76,27 +74,7 @@ if shown.empty:
 per_page = max(1, min(GROUPS_PER_PAGE, COMPLETIONS_PER_PAGE // int(summary["size"].max())))  # groups of 16: 4
 pages = max(1, -(-len(shown) // per_page))
 page = st.number_input("Page", 1, pages, 1, key="group_page") if pages > 1 else 1
-for group in shown.iloc[(page - 1) * per_page: page * per_page].itertuples(index=False):
-    members = data.group_members(rollouts, group.group_id)
-    mark = f" · **dropped** ({common.md(group.filter_reason)})" if common.flag(group.filtered) else ""
-    with st.container(border=True):
-        st.markdown(f"**Group {common.md(group.group_id)}** · {group.outcome} · reward mean "
-                    f"{common.number(group.reward_mean, '.3f')}, std {common.number(group.reward_std, '.3f')}{mark}")
-        st.text(f"{common.plain(group.prompt)}   (answer: {common.plain(group.answer)})")
-        for start in range(0, len(members), COLUMNS_PER_ROW):
-            columns = st.columns(COLUMNS_PER_ROW)
-            for column, r in zip(columns, members.iloc[start: start + COLUMNS_PER_ROW].itertuples(index=False),
-                                 strict=False):
-                flags = [f for f, on in (("✂ truncated", r.truncated), ("⊘ filtered", r.filtered)) if common.flag(on)]
-                # one element for both lines (a browser draws ~5 per completion); reward function names come from the
-                # trainer's code: shown as literal text
-                column.markdown(f"**#{common.md(r.index_in_group)}** · A **{common.number(r.advantage, '+.3f')}** · "
-                                f"{common.number(r.length, '.0f')} tok" + (" · " + " ".join(flags) if flags else "")
-                                + f"  \n:small[{common.md(common.reward_breakdown(r))}]")
-                # st.code escapes its text and keeps whitespace and newlines as they are.
-                column.code(common.plain(r.completion), language=None, wrap_lines=True)
-                if pd.notna(r.completion_chars) and r.completion_chars > len(r.completion):
-                    column.caption(f"the first {len(r.completion):,} of {r.completion_chars:,} characters")
-                if pd.notna(r.rollout_id):  # without its id a completion's tokens cannot be found
-                    column.page_link("app_pages/token_inspector.py", label="tokens", icon=":material/text_fields:",
-                                     query_params={"run": run, "step": step, "rollout": int(r.rollout_id)})
+opened = group_view.show(group_view.group_cards(shown.iloc[(page - 1) * per_page: page * per_page], rollouts,
+                                                run, step))
+if opened is not None:  # a completion's "tokens" link
+    st.switch_page("app_pages/token_inspector.py", query_params={"run": run, "step": step, "rollout": opened})
