@@ -69,5 +69,6 @@ def group_cards(groups: pd.DataFrame, rollouts: pd.DataFrame, run: str, step: in
 def show(cards: list[dict], key: str = "group_cards") -> int | None:
     """Draw `cards` (`group_cards`); returns the rollout id whose "tokens" link was clicked to start this rerun,
     else None."""
+    # A trigger value (`open`) exists only for the rerun it started; a callback is what registers it.
     result = _draw(data={"groups": cards}, key=key, on_open_change=lambda: None)
     return result.open

@@ -1009,9 +1009,9 @@ def test_weighting_of_one_group_computes_the_whole_step_ahead(trained, monkeypat
     assert [array(trace["y"]).tolist() for trace in shown["data"]] == totals
 
 
-def test_weighting_computes_the_other_update_ahead_so_choosing_it_weighs_nothing(trained, monkeypatch, prefetching):
+def test_weighting_computes_the_other_update_ahead_so_choosing_it_reads_nothing(trained, monkeypatch, prefetching):
     """Algorithm weighting opens on the last update of a run that made two (two epochs): its server also weighs the
-    same tokens at the first one, so that choosing it in the picker asks no objective and shows what a fresh visit
+    same tokens at the first one, so that choosing it in the picker reads no token and shows what a fresh visit
     computes."""
     import streamlit as st
 
