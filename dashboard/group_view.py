@@ -45,16 +45,16 @@ def group_cards(groups: pd.DataFrame, rollouts: pd.DataFrame, run: str, step: in
         for r in data.group_members(rollouts, group.group_id).itertuples(index=False):
             flags = [f for f, on in (("✂ truncated", r.truncated), ("⊘ filtered", r.filtered)) if common.flag(on)]
             cut = pd.notna(r.completion_chars) and r.completion_chars > len(r.completion)
+            rollout = None if pd.isna(r.rollout_id) else int(r.rollout_id)  # without it, no tokens can be found
             members.append({
                 "head": _line((f"#{common.plain(r.index_in_group)}",), " · A ", (common.number(r.advantage, "+.3f"),),
                               f" · {common.number(r.length, '.0f')} tok" + (" · " + " ".join(flags) if flags else "")),
                 "reward": common.reward_breakdown(r),  # reward function names come from the trainer's code: text
                 "text": common.plain(r.completion),
                 "note": f"the first {len(r.completion):,} of {r.completion_chars:,} characters" if cut else "",
-                # without its id a completion's tokens cannot be found
-                "rollout": None if pd.isna(r.rollout_id) else int(r.rollout_id),
-                "link": "" if pd.isna(r.rollout_id) else TOKEN_INSPECTOR_PATH + "?" + urlencode(
-                    {"run": run, "step": step, "rollout": int(r.rollout_id)}),
+                "rollout": rollout,
+                "link": "" if rollout is None else TOKEN_INSPECTOR_PATH + "?" + urlencode(
+                    {"run": run, "step": step, "rollout": rollout}),
             })
         cards.append({
             "head": _line((f"Group {common.plain(group.group_id)}",),
