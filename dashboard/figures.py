@@ -10,7 +10,8 @@ gives components (its text colour, font and chart colours), redrawn when the the
 it comes near the visible part of the page (figure.js): a page's figures further down cost the browser nothing until
 the user scrolls to them.
 
-plotly.js is the copy shipped inside the installed plotly package, served by Streamlit's static file serving from
+plotly.js is the one `dashboard.plotly_bundle` names (its cartesian bundle when fetched at install, else the whole
+one shipped inside the installed plotly package), served by Streamlit's static file serving from
 `dashboard/static/` (`publish_plotly_js`, called by `dashboard.serve` before the server starts; `policylens
 dashboard` turns the serving on). The page loads it once, from this server: nothing is fetched from the internet.
 A server without it (static serving off, or a folder it could not write) draws with `st.plotly_chart` instead.
@@ -24,17 +25,16 @@ import tempfile
 from collections.abc import Callable
 from pathlib import Path
 
-import plotly
 import plotly.io as pio
 import streamlit as st
-from plotly.offline import get_plotlyjs_version
+
+from dashboard import plotly_bundle
 
 STATIC_DIR = Path(__file__).resolve().parent / "static"
 """Served at <server>/app/static/ when `server.enableStaticServing` is on (Streamlit serves the folder `static`
 next to the app's main script)."""
-PLOTLY_JS = f"plotly-{get_plotlyjs_version()}.min.js"
+PLOTLY_JS = plotly_bundle.served_name()
 """The name of the served copy: the version in it, so a browser never runs a cached script of another plotly."""
-_BUNDLED_PLOTLY_JS = Path(plotly.__file__).resolve().parent / "package_data" / "plotly.min.js"
 
 _draw = st.components.v2.component(
     "policylens_figure", js=(Path(__file__).parent / "figure.js").read_text(), isolate_styles=False)
@@ -43,7 +43,7 @@ _draw = st.components.v2.component(
 
 
 def publish_plotly_js() -> bool:
-    """Put the installed plotly's plotly.js in `STATIC_DIR` under `PLOTLY_JS` (written to a temporary file, then
+    """Put `plotly_bundle.served_script()` in `STATIC_DIR` under `PLOTLY_JS` (written to a temporary file, then
     renamed: a server never serves half of it), removing copies of other versions. False when the folder cannot be
     written (a read-only install): figures are then drawn by `st.plotly_chart`."""
     target = STATIC_DIR / PLOTLY_JS
@@ -54,7 +54,7 @@ def publish_plotly_js() -> bool:
                 old.unlink(missing_ok=True)
         if not target.is_file():
             with tempfile.NamedTemporaryFile(dir=STATIC_DIR, suffix=".part", delete=False) as part:
-                part.write(_BUNDLED_PLOTLY_JS.read_bytes())
+                part.write(plotly_bundle.served_script().encode("utf-8"))
             os.replace(part.name, target)
     except OSError:
         return False

@@ -3,7 +3,8 @@
 The file holds the run's config, its metric curves, one step's groups, one rollout token by token (hover a token
 for its values), the step's clipping and gradient-weight summary and, for a run with sampler log-probs, the step's
 sampler/trainer mismatch. It needs no server and makes no request:
-plotly's JavaScript is embedded once and every figure's data is inline.
+plotly's JavaScript (the one the dashboard serves, `dashboard.plotly_bundle`) is embedded once and every figure's
+data is inline.
 
 Nothing here draws by itself: the figures are the dashboard's (`dashboard.charts`), the tokens are rendered by the
 token inspector's `token_heatmap_html`, and the data come from the dashboard's data layer (`dashboard.data`, the
@@ -24,9 +25,8 @@ from pathlib import Path
 
 import pandas as pd
 import plotly.io as pio
-from plotly.offline import get_plotlyjs
 
-from dashboard import charts, data, mismatch
+from dashboard import charts, data, mismatch, plotly_bundle
 from dashboard.tokens import CHANNELS, is_missing, number, plain, token_heatmap_html
 from engine.clip_codes import CLIP_EVENTS, CLIP_NAMES
 from engine.correction_settings import RATIO_BAND
@@ -116,7 +116,7 @@ class _Page:
             "<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">"
             f'<meta http-equiv="Content-Security-Policy" content="{policy}">'
             f"<title>{html.escape(title)}</title><style>{STYLE}</style>"
-            f'<script nonce="{self.nonce}">{get_plotlyjs()}</script></head><body>'
+            f'<script nonce="{self.nonce}">{plotly_bundle.served_script()}</script></head><body>'
             + "".join(self.parts) + "</body></html>\n"
         )
 

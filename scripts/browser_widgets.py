@@ -142,10 +142,15 @@ class ServerWatch:
 
 
 def page_problems(page) -> list[str]:
-    """Exceptions and error boxes drawn in the page right now (the server's messages are the first witness)."""
+    """Exceptions and error boxes drawn in the page right now (the server's messages are the first witness), and
+    figures with a trace plotly.js drew as another type than asked (a served plotly.js without that trace type,
+    dashboard/plotly_bundle.py: plotly draws an unknown type as an empty scatter, silently)."""
     return page.eval_on_selector_all(
         '[data-testid="stException"], [data-testid="stAlertContentError"]',
-        "els => els.map(e => e.innerText.slice(0, 300))")
+        "els => els.map(e => e.innerText.slice(0, 300))") + page.eval_on_selector_all(
+        ".js-plotly-plot", """plots => plots.flatMap(gd => (gd._fullData || [])
+            .filter(t => (gd.data[t.index].type || 'scatter') !== t.type)
+            .map(t => `a ${gd.data[t.index].type} trace drawn as ${t.type}: the served plotly.js lacks the type`))""")
 
 
 # The page clock, the time of its last change, and whether it still shows work under way: Streamlit's running

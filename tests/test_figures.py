@@ -19,11 +19,10 @@ import pytest
 from streamlit import config
 from streamlit.testing.v1 import AppTest
 
-from dashboard import figures
+from dashboard import figures, plotly_bundle
 
 CHROMIUM = os.environ.get("CHROMIUM", "/usr/bin/chromium")
 GENEROUS_MS = 300_000  # as tests/test_browser.py: what is drawn is checked, not how fast
-BUNDLED = Path(plotly.__file__).parent / "package_data" / "plotly.min.js"
 
 
 def test_plotly_js_is_published_under_its_version_and_older_copies_go(tmp_path, monkeypatch):
@@ -32,9 +31,9 @@ def test_plotly_js_is_published_under_its_version_and_older_copies_go(tmp_path, 
     (tmp_path / "static" / "plotly-0.0.1.min.js").write_text("an older plotly")
     assert figures.publish_plotly_js()
     assert [p.name for p in (tmp_path / "static").iterdir()] == [figures.PLOTLY_JS]
-    assert (tmp_path / "static" / figures.PLOTLY_JS).read_bytes() == BUNDLED.read_bytes()
+    assert (tmp_path / "static" / figures.PLOTLY_JS).read_text() == plotly_bundle.served_script()
     version = plotly.offline.get_plotlyjs_version()
-    assert figures.PLOTLY_JS.removeprefix("plotly-").removesuffix(".min.js") == version
+    assert figures.PLOTLY_JS.removeprefix("plotly-").removeprefix("cartesian-").removesuffix(".min.js") == version
 
 
 def test_a_folder_that_cannot_be_made_is_reported_not_raised(tmp_path, monkeypatch):
@@ -117,6 +116,7 @@ def test_in_a_browser_the_served_plotly_draws_figures_once_in_sight_a_click_move
         page.wait_for_function("document.querySelectorAll('.js-plotly-plot').length >= 2")
         scripts = page.eval_on_selector_all("script[src]", "s => s.map(e => new URL(e.src).pathname)")
         assert f"/app/static/{figures.PLOTLY_JS}" in scripts
+        assert set(plotly_bundle.TRACE_TYPES) <= set(page.evaluate("Object.keys(Plotly.PlotSchema.get().traces)"))
         assert page.locator("[data-testid='stPlotlyChart']").count() == 0  # not Streamlit's chart element
         assert page.locator(".policylens-figure.js-plotly-plot").count() == page.locator(".js-plotly-plot").count()
 
@@ -184,4 +184,24 @@ def test_in_a_browser_the_served_plotly_draws_figures_once_in_sight_a_click_move
                                "new URLSearchParams(location.search).get('rollout') === r", arg=rollout)
         page.get_by_role("heading", name="Token inspector").wait_for()
         assert page.evaluate("window.sameDocument === true")
+        browser.close()
+
+
+@pytest.mark.skipif(not Path(CHROMIUM).exists(), reason=f"no chromium at {CHROMIUM} (apt-get install chromium)")
+def test_a_trace_type_the_served_plotly_lacks_is_a_problem_of_the_page():
+    """plotly.js draws a trace of a type it was built without as an empty scatter and says nothing: the browser
+    tests' `page_problems` says it (the cartesian bundle has no 3D)."""
+    import screenshots
+    from browser_widgets import page_problems
+    from playwright.sync_api import sync_playwright
+
+    assert plotly_bundle.served_name().startswith("plotly-cartesian-")
+    with sync_playwright() as playwright:
+        browser = screenshots.launch_browser(playwright)
+        page = browser.new_page()
+        page.set_content("<div id='g' style='width:400px;height:300px'></div>")
+        page.add_script_tag(content=plotly_bundle.served_script())
+        page.evaluate("""() => Plotly.newPlot('g', [{type: 'heatmap', z: [[1, 2]]}, {y: [1, 3]},
+                                                    {type: 'scatter3d', x: [1], y: [1], z: [1]}])""")
+        assert page_problems(page) == ["a scatter3d trace drawn as scatter: the served plotly.js lacks the type"]
         browser.close()
