@@ -20,8 +20,6 @@ A server without it (static serving off, or a folder it could not write) draws w
 from __future__ import annotations
 
 import contextlib
-import os
-import tempfile
 from collections.abc import Callable
 from pathlib import Path
 
@@ -53,9 +51,7 @@ def publish_plotly_js() -> bool:
             if old.name != PLOTLY_JS:
                 old.unlink(missing_ok=True)
         if not target.is_file():
-            with tempfile.NamedTemporaryFile(dir=STATIC_DIR, suffix=".part", delete=False) as part:
-                part.write(plotly_bundle.served_script().encode("utf-8"))
-            os.replace(part.name, target)
+            plotly_bundle.write_whole(target, plotly_bundle.served_script().encode("utf-8"))
     except OSError:
         return False
     return True

@@ -21,9 +21,9 @@ import hashlib
 import io
 import json
 import os
+import secrets
 import sys
 import tarfile
-import tempfile
 import urllib.request
 from pathlib import Path
 from urllib.parse import urlsplit
@@ -59,6 +59,20 @@ def served_script() -> str:
     """The text of the script `served_name()` names."""
     cartesian = bundle_path()
     return cartesian.read_text(encoding="utf-8") if cartesian.is_file() else get_plotlyjs()
+
+
+def write_whole(path: Path, data: bytes) -> None:
+    """Write `path` so that a reader sees the old file or the whole new one, never part of it (a temporary file
+    beside it, then renamed; removed if the write fails). Not `tempfile`: its files are private (0600), and the
+    server that reads this one may run as another user than the one who installed it."""
+    temporary = path.with_name(f".{path.name}.{os.getpid()}.{secrets.token_hex(4)}.part")
+    try:
+        with open(temporary, "xb") as out:
+            out.write(data)
+        os.replace(temporary, path)
+    except BaseException:
+        temporary.unlink(missing_ok=True)
+        raise
 
 
 def _get(url: str, timeout: float) -> bytes:
@@ -100,9 +114,7 @@ def fetch(version: str | None = None, registry: str = REGISTRY, timeout: float =
     if f"v{version}".encode() not in script[:500]:
         raise ValueError(f"{FILE_IN_TARBALL} in {tarball} does not say it is plotly.js v{version}")
     BUNDLE_DIR.mkdir(exist_ok=True)
-    with tempfile.NamedTemporaryFile(dir=BUNDLE_DIR, suffix=".part", delete=False) as part:
-        part.write(script)
-    os.replace(part.name, target)  # whole or not at all
+    write_whole(target, script)
     for old in BUNDLE_DIR.glob("plotly-cartesian-*.min.js"):
         if old != target:
             old.unlink(missing_ok=True)

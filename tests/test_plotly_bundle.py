@@ -136,3 +136,22 @@ def test_the_installation_fetched_the_bundle_of_the_installed_plotly():
     """`make install` (scripts/install.sh) fetches it: what users install is what the browser tests draw with."""
     assert plotly_bundle.bundle_path().is_file(), "run `python -m dashboard.plotly_bundle`"
     assert plotly_bundle.bundle_path().name == figures.PLOTLY_JS
+
+
+def test_a_written_bundle_is_readable_by_the_server_and_a_failed_write_leaves_nothing(tmp_path, monkeypatch):
+    """The server may run as another user than the installer: the file gets the umask's permissions (a `tempfile`
+    file would be private, 0600). A write that fails leaves neither the file nor its temporary beside it."""
+    import os
+
+    target = tmp_path / "plotly-cartesian-0.0.1.min.js"
+    previous = os.umask(0o022)
+    try:
+        plotly_bundle.write_whole(target, SCRIPT)
+    finally:
+        os.umask(previous)
+    assert target.read_bytes() == SCRIPT
+    assert target.stat().st_mode & 0o777 == 0o644
+    monkeypatch.setattr(os, "replace", lambda *a: (_ for _ in ()).throw(OSError("disk full")))
+    with pytest.raises(OSError, match="disk full"):
+        plotly_bundle.write_whole(tmp_path / "other.js", SCRIPT)
+    assert sorted(p.name for p in tmp_path.iterdir()) == [target.name]
