@@ -152,8 +152,8 @@ def test_each_correction_on_hand_worked_tokens():
 
 
 def test_the_corrections_table_of_a_step_taken_a_few_rows_at_a_time_is_the_whole_steps():
-    """Every correction works row by row: rollouts of 3 to 40 tokens taken 3 at a time, shortest first (each chunk
-    padded to its own longest row), give the table of the whole step at once."""
+    """Every correction works row by row: rollouts of 3 to 40 tokens taken one length at a time (each chunk padded
+    to its own longest row), give the table of the whole step at once."""
     from dashboard import recompute
 
     rng = np.random.default_rng(0)
@@ -161,7 +161,7 @@ def test_the_corrections_table_of_a_step_taken_a_few_rows_at_a_time_is_the_whole
     tokens = pd.DataFrame([{"rollout_id": r, "position": p, "log_ratio": rng.normal(0, 0.4),
                             "advantage": [1.0, -1.0][r % 2]} for r, n in enumerate(lengths) for p in range(n)])
     whole = recompute.correction_table(recompute.correction_effects(tokens)[1])
-    chunked = recompute.correction_table(recompute.chunked_effects(tokens, rows=3))
+    chunked = recompute.correction_table(recompute.chunked_effects(tokens, padding_cells=0, padding_share=0))
     assert (whole["tokens dropped"] > 0).any() and (whole["sequences touched"] > 0).sum() >= 15  # they act
     # float32 tensors, as the trainer's: a row's sum over a shorter padding adds in another order
     pd.testing.assert_frame_equal(chunked, whole, rtol=1e-6)

@@ -674,6 +674,8 @@ def ok_inputs():
         (lambda a: {**a, "old_logp": a["old_logp"] * float("inf")}, {}, ["old_logp", "inf", "finite"]),
         (lambda a: {**a, "advantages": torch.tensor([1.0, float("nan")])}, {}, ["advantages", "NaN"]),
         (lambda a: {**a, "ref_logp": torch.full((2, 2), float("-inf"))}, {}, ["ref_logp", "inf"]),
+        (lambda a: {**a, "entropy": torch.tensor([[float("inf"), 1.0], [float("-inf"), 1.0]])}, {},
+         ["entropy", "inf", "finite"]),
         (lambda a: {**a, "mask": torch.full((2, 2), 0.5)}, {}, ["mask", "0 and 1"]),
     ],
     ids=[
@@ -696,6 +698,7 @@ def ok_inputs():
         "inf-in-old-logp",
         "nan-in-advantages",
         "inf-in-ref",
+        "inf-and-minus-inf-in-entropy",
         "non-binary-mask",
     ],
 )
@@ -707,12 +710,22 @@ def test_bad_input_raises_value_error_naming_problem_and_accepted(mutate, overri
     with pytest.raises(ValueError) as err:
         policy_loss(
             args["algo"], args["logp"], args["old_logp"], args["advantages"], args["mask"],
-            ref_logp=args.get("ref_logp"), **overrides,
+            ref_logp=args.get("ref_logp"), entropy=args.get("entropy"), **overrides,
         )  # fmt: skip
     msg = str(err.value)
     assert "accepted" in msg
     for w in words:
         assert w in msg, (w, msg)
+
+
+def test_finite_values_whose_sum_overflows_are_accepted():
+    """The finiteness check sums a tensor first (a sum is finite when every value is): a sum that overflows from
+    finite values must not be taken for an infinite value."""
+    logp, old, A, m = ok_inputs()
+    huge = torch.full((2, 2), 3e38, dtype=torch.float32)
+    assert torch.isinf(huge.sum())
+    out = policy_loss("grpo", logp.float(), old.float(), A.float(), m.float(), entropy=huge)
+    assert torch.isfinite(out.loss)
 
 
 def test_algorithm_specific_validation():

@@ -188,7 +188,7 @@ def test_weighing_a_few_completions_at_a_time_gives_the_whole_batch_answer(algo)
     batch = _ragged_batch()
     overrides = {"beta": 0.04}  # the KL term's weight too
     torch.manual_seed(1)  # Clip-Cov's random choice: the same on both sides (it is weighed in one call)
-    chunked = recompute.weigh(batch, algo, overrides, rows=2)
+    chunked = recompute.weigh(batch, algo, overrides, padding_cells=0, padding_share=0)
     torch.manual_seed(1)
     whole = policy_loss(algo, batch.logp, batch.old_logp, batch.advantages, batch.mask, ref_logp=batch.ref_logp,
                         entropy=batch.entropy, **overrides)
@@ -199,6 +199,19 @@ def test_weighing_a_few_completions_at_a_time_gives_the_whole_batch_answer(algo)
     np.testing.assert_allclose(chunked.total_weight, whole.grad_weight.numpy().sum(1), rtol=1e-12, atol=1e-15)
     assert np.isnan(chunked.grad_weight[~on]).all() and (chunked.clip[~on] == -1).all()
     assert np.abs(chunked.grad_weight[on]).max() > 0
+
+
+def test_completions_are_chunked_shortest_first_while_the_padding_stays_within_the_allowance():
+    lengths = np.array([10, 100, 12, 101, 11])
+    # 10, 11, 12: padding 0, 1, 3 cells; with 100 it would be 4 x 100 - 133 = 267; 100, 101: 1
+    chunks = recompute.length_chunks(lengths, padding_cells=5, padding_share=0)
+    assert [c.tolist() for c in chunks] == [[0, 4, 2], [1, 3]]
+    # 5% of the chunk's tokens: 10, 11 pad 1 cell (of 1.05 allowed), with 12 they would pad 3 (of 1.65); 12 and 100
+    # would pad 88 (of 5.6); 100, 101 pad 1 (of 10.05)
+    assert [c.tolist() for c in recompute.length_chunks(lengths, 0, 0.05)] == [[0, 4], [2], [1, 3]]
+    assert [c.tolist() for c in recompute.length_chunks(lengths, 300, 0)] == [[0, 4, 2, 1, 3]]
+    assert [c.tolist() for c in recompute.length_chunks(lengths, 0, 0)] == [[0], [4], [2], [1], [3]]
+    assert [c.tolist() for c in recompute.length_chunks(np.array([7, 7, 7]), 0, 0)] == [[0, 1, 2]]
 
 
 def test_only_the_rules_that_look_at_the_whole_batch_are_weighed_whole():
