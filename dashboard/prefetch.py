@@ -85,6 +85,41 @@ def give_way() -> None:
         raise GaveWay
 
 
+class LastInputs:
+    """For an input too big to cache many of (a whole step of long completions as tensors: ~100 MB), the last one
+    the pages asked for and the last one a guess asked for, kept under their key: a page that asks for the key a
+    guess read (the user moved to the guessed view while or after it was computed) takes that one as its own, and
+    two threads asking for the same key read it once, the second waiting for the first. One read per key at a time;
+    an entry older than `ttl` seconds is read again (a live run's step may have grown meanwhile)."""
+
+    def __init__(self, ttl: float):
+        self._ttl = ttl
+        self._lock = threading.Lock()
+        self._held: dict[str, tuple[Any, float, Any]] = {}  # "page" / "guess" -> (key, when read, value)
+        self._reading: dict[Any, threading.Lock] = {}  # key -> the lock of its read under way
+
+    def get(self, key, read: Callable[[], Any]):
+        """The value of `key`: a held one, else `read()` (kept as the page's or as the guess's, by the thread)."""
+        holder = "guess" if threading.current_thread().name == THREAD else "page"
+        with self._lock:
+            reading = self._reading.setdefault(key, threading.Lock())
+        with reading:
+            try:
+                with self._lock:
+                    for held in self._held.values():
+                        if held[0] == key and time.monotonic() - held[1] < self._ttl:
+                            self._held[holder] = held
+                            return held[2]
+                value = read()
+                with self._lock:
+                    self._held[holder] = (key, time.monotonic(), value)
+                return value
+            finally:
+                with self._lock:
+                    if self._reading.get(key) is reading:
+                        del self._reading[key]
+
+
 def settled(timeout: float) -> bool:
     """Wait until every request is done (for tests and benchmarks); False if `timeout` seconds passed first."""
     deadline = time.monotonic() + timeout

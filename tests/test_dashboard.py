@@ -355,7 +355,7 @@ def test_weighting_page_reports_what_policy_loss_computes(trained, monkeypatch):
     assert float(fractions.loc["grpo", "low"]) == pytest.approx((codes == CLIP_LOW).mean(), abs=5e-4)
     assert float(fractions.loc["grpo", "high"]) == pytest.approx((codes == CLIP_HIGH).mean(), abs=5e-4)
     # Choosing more algorithms (in any order) lists them in the registry's order, and asks only the new ones; the
-    # tokens are read at most once (none if the first view read them: `step_batch` keeps the last ones), and not
+    # tokens are read at most once (none if the first view read them: `held_batches` keeps the last ones), and not
     # again for one more algorithm; going back to the four asks nothing.
     asked, reads = [], []
     weigh, read = recompute.weigh, queries.weighed_tokens

@@ -149,3 +149,53 @@ def test_give_way_does_nothing_outside_the_prefetch_thread():
     finally:
         release.set()
         script.join()
+
+
+def _as_guess(function):
+    """Run `function` on a thread named as the prefetch thread (a guess), return its result."""
+    out = []
+    thread = threading.Thread(target=lambda: out.append(function()), name=prefetch.THREAD)
+    thread.start()
+    thread.join(SETTLE_S)
+    return out[0]
+
+
+def test_the_page_keeps_its_last_input_and_takes_a_guesss_without_reading_it_again():
+    reads = []
+    inputs = prefetch.LastInputs(ttl=600)
+
+    def get(key):
+        return inputs.get(key, lambda: reads.append(key) or f"value of {key}")
+
+    assert get("A") == "value of A" and get("A") == "value of A" and reads == ["A"]
+    assert _as_guess(lambda: get("B")) == "value of B" and reads == ["A", "B"]
+    assert get("A") == "value of A" and reads == ["A", "B"]  # a guess did not push the page's out
+    assert get("B") == "value of B" and reads == ["A", "B"]  # the user moved to the guessed view: taken
+    assert _as_guess(lambda: get("C")) == "value of C" and get("B") == "value of B" and reads == ["A", "B", "C"]
+    assert get("A") == "value of A" and reads == ["A", "B", "C", "A"]  # one of each: A was given up for B
+
+
+def test_two_threads_asking_for_the_same_input_read_it_once_and_an_old_one_is_read_again():
+    reads, started, release = [], threading.Event(), threading.Event()
+    inputs = prefetch.LastInputs(ttl=600)
+
+    def slow_read():
+        reads.append("A")
+        started.set()
+        release.wait(SETTLE_S)
+        return len(reads)
+
+    guess = threading.Thread(target=lambda: inputs.get("A", slow_read), name=prefetch.THREAD)
+    guess.start()
+    assert started.wait(SETTLE_S)
+    page = []
+    asking = threading.Thread(target=lambda: page.append(inputs.get("A", slow_read)))
+    asking.start()
+    asking.join(0.2)
+    assert asking.is_alive()  # waiting for the guess's read, not reading itself
+    release.set()
+    guess.join(SETTLE_S)
+    asking.join(SETTLE_S)
+    assert page == [1] and reads == ["A"]
+    stale = prefetch.LastInputs(ttl=0)  # every entry is already too old
+    assert stale.get("A", lambda: 1) == 1 and stale.get("A", lambda: 2) == 2

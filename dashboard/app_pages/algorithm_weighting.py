@@ -88,32 +88,25 @@ def read_batch(logs: str, run: str, step: int, rollout_ids: tuple, update: int):
     return None if tokens.empty else recompute.batch_from_tokens(tokens, float32=True)
 
 
-@st.cache_resource(ttl=queries.STEP_TTL, max_entries=1, show_spinner=False)
-def step_batch(logs: str, run: str, step: int, rollout_ids: tuple, update: int):
-    """`read_batch`, the last one asked kept (one in the whole server, shared, not copied: nothing modifies it):
-    editing a knob or adding an algorithm weighs the same tokens again, and reading and batching a step of long
-    completions took 0.3 s of it."""
-    return read_batch(logs, run, step, rollout_ids, update)
+@st.cache_resource(show_spinner=False)
+def held_batches() -> prefetch.LastInputs:
+    """The Batch the page weighed last and the one a guess read last (one of each in the whole server, shared, not
+    copied: nothing modifies them): editing a knob or adding an algorithm weighs the same tokens again, and moving
+    to a guessed view takes the guess's (reading and batching a step of long completions: about 0.3 s)."""
+    return prefetch.LastInputs(ttl=queries.STEP_TTL)
 
 
 class StepTokens:
     """The objectives' inputs for the chosen tokens (run, step, rollouts, update), asked for only when some answer
     is not cached: the answers (`weighed_tokens`, `weigh_one`) are kilobytes, kept per tokens and knobs; the tokens
-    themselves, hundreds of MB for a whole step of long completions, only the last ones (`step_batch`).
-    `shared=False` (a step computed ahead, `dashboard.prefetch`): read for this object alone, so that it does not
-    push the step on screen out of `step_batch`."""
+    themselves, hundreds of MB for a whole step of long completions, only the last ones (`held_batches`)."""
 
-    def __init__(self, logs: str, run: str, step: int, rollout_ids: tuple, update: int, shared: bool = True):
+    def __init__(self, logs: str, run: str, step: int, rollout_ids: tuple, update: int):
         self.key = (logs, run, step, rollout_ids, update)
-        self.shared = shared
 
     def batch(self):
         """The Batch (engine.logrows) of the tokens with a position, or None without any."""
-        return step_batch(*self.key) if self.shared else self._own_batch
-
-    @functools.cached_property
-    def _own_batch(self):
-        return read_batch(*self.key)
+        return held_batches().get(self.key, lambda: read_batch(*self.key))
 
     @functools.cached_property
     def sample(self) -> np.ndarray:
@@ -198,7 +191,7 @@ def weigh_ahead(guess: tuple[int, int | None, int]) -> None:
     passes = queries.update_count(logs, run, at_step, ids)
     at = wanted_update if 0 <= wanted_update < passes else passes - 1  # as the update picker: kept while it exists
     whitened_by = queries.step_whitening(logs, run, at_step)
-    tokens = StepTokens(logs, run, at_step, ids, at, shared=False)
+    tokens = StepTokens(logs, run, at_step, ids, at)
     prefetch.give_way()
     if weighed_tokens(logs, run, at_step, ids, at, tokens) is not None:
         for algo, overrides in knobs:
