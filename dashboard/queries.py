@@ -18,7 +18,7 @@ import numpy as np
 import pandas as pd
 import streamlit as st
 
-from dashboard import data, token_data
+from dashboard import data, prefetch, token_data
 from engine.algorithms import defaults as algorithm_defaults
 
 LIVE_TTL = 2  # seconds; the live watcher polls every 3 s
@@ -301,10 +301,12 @@ def step_mismatch(logs_dir: str, run: str, step: int):
 
 @st.cache_data(ttl=STEP_TTL, show_spinner=False)
 def correction_table(logs_dir: str, run: str, step: int) -> pd.DataFrame:
-    """Every correction on the whole step (`dashboard.recompute.correction_table`; imports torch)."""
+    """Every correction on the whole step (`dashboard.recompute.correction_table`; imports torch), chunk by chunk:
+    a guess computing it ahead stops between two chunks when a user's script starts (`prefetch.giving_way`)."""
     from dashboard import recompute
 
-    return recompute.correction_table(recompute.chunked_effects(_step_sampler_tokens(logs_dir, run, step)))
+    chunks = recompute.chunked_effects(_step_sampler_tokens(logs_dir, run, step))
+    return recompute.correction_table(prefetch.giving_way(chunks))
 
 
 @st.cache_data(ttl=STEP_TTL, show_spinner=False)

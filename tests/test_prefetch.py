@@ -199,3 +199,28 @@ def test_two_threads_asking_for_the_same_input_read_it_once_and_an_old_one_is_re
     assert page == [1] and reads == ["A"]
     stale = prefetch.LastInputs(ttl=0)  # every entry is already too old
     assert stale.get("A", lambda: 1) == 1 and stale.get("A", lambda: 2) == 2
+
+
+@pytest.mark.usefixtures("prefetching")
+def test_a_guess_looping_over_chunks_stops_within_one_chunk_of_a_script_starting():
+    done, release, second_chunk = [], threading.Event(), threading.Event()
+    script = []
+
+    def work(step):
+        for chunk in prefetch.giving_way(range(5)):
+            done.append((step, chunk))
+            if chunk == 1 and not script:  # the user acts while the guess is at its second chunk
+                script.append(script_thread(release))
+                second_chunk.set()
+
+    prefetch.ahead(work, [3])
+    try:
+        assert second_chunk.wait(SETTLE_S)
+        assert not prefetch.settled(timeout=prefetch.QUIET_S + 1.0)
+        assert done == [(3, 0), (3, 1)]  # not a third chunk while the script runs
+    finally:
+        release.set()
+        script[0].join()
+    assert prefetch.settled(timeout=SETTLE_S)
+    assert done == [(3, 0), (3, 1)] + [(3, chunk) for chunk in range(5)]  # done again, whole, after the script
+    assert list(prefetch.giving_way("ab")) == ["a", "b"]  # outside the prefetch thread: the items, nothing else
