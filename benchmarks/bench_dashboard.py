@@ -490,7 +490,7 @@ def time_functions(logs_dir: Path, run: str, repeat: int) -> list[tuple[str, flo
     wall time and of CPU time (every thread's, DuckDB's included: the cost on a machine busy with other work)."""
     from dashboard import charts, queries, recompute
     from dashboard.common import latest_steps_within
-    from dashboard.tokens import CHANNELS, token_heatmap_html
+    from dashboard.tokens import CHANNELS, token_spans
     from engine.objectives import ALGORITHMS
 
     logs = str(logs_dir)
@@ -518,17 +518,17 @@ def time_functions(logs_dir: Path, run: str, repeat: int) -> list[tuple[str, flo
     rollout = int(rollouts["rollout_id"].iloc[len(rollouts) // 2])
     tokens = timed("rollout_tokens (1 rollout)", queries.rollout_tokens, logs, run, middle, (rollout,), 1)
     timed("tokens_at_update (1 rollout)", queries.tokens_at_update, logs, run, middle, (rollout,), -1)
-    timed("token_heatmap_html", token_heatmap_html, tokens, "ratio")
+    timed("token_spans", token_spans, tokens, "ratio")
     timed("token_channel_heatmap figure", charts.token_channel_heatmap, tokens, list(CHANNELS))
     # The Token inspector on the run's longest completion: what it draws (bins, a window) against the whole.
     at, longest, length = longest_rollout(logs_dir, run)
     size = f"{length} tokens"
     whole = timed(f"rollout_tokens (whole, {size})", queries.rollout_tokens, logs, run, at, (longest,), 1)
-    timed(f"token_heatmap_html (whole, {size})", token_heatmap_html, whole, "ratio")
+    timed(f"token_spans (whole, {size})", token_spans, whole, "ratio")
     bins = timed("rollout_token_bins (1000 bins)", queries.rollout_token_bins, logs, run, at, longest, 1, 1000)
     window = timed("rollout_tokens (window of 512)", queries.rollout_tokens, logs, run, at, (longest,), 1,
                    (4096, 4607))
-    timed("token_heatmap_html (window of 512)", token_heatmap_html, window, "ratio")
+    timed("token_spans (window of 512)", token_spans, window, "ratio")
     timed("token_overview_strip figure", charts.token_overview_strip, bins, "ratio", (4096, 4607), 512)
     timed("token_channel_bins figure", charts.token_channel_bins, bins, list(CHANNELS))
     group = tuple(int(r) for r in rollouts[rollouts["group_id"] == rollouts["group_id"].iloc[0]]["rollout_id"])

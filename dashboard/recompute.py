@@ -88,8 +88,7 @@ def length_chunks(lengths: np.ndarray, padding_cells: int = PADDING_CELLS, paddi
         if (end - start + 1) * longest - tokens > max(padding_cells, padding_share * tokens):
             chunks.append(order[start:end])
             start, tokens = end, longest
-    chunks.append(order[start:])
-    return chunks
+    return [*chunks, order[start:]] if len(order) else []
 
 
 def weigh(batch: LoggedBatch, algo: str, overrides: dict, padding_cells: int = PADDING_CELLS,

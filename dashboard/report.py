@@ -6,12 +6,13 @@ sampler/trainer mismatch. It needs no server and makes no request:
 plotly's JavaScript (the one the dashboard serves, `dashboard.plotly_bundle`) is embedded once and every figure's
 data is inline.
 
-Nothing here draws by itself: the figures are the dashboard's (`dashboard.charts`), the tokens are rendered by the
-token inspector's `token_heatmap_html`, and the data come from the dashboard's data layer (`dashboard.data`, the
-same queries the pages call through their caches), so the report shows what the app shows, and making one needs
-no Streamlit. Every logged string is escaped (`html.escape`) before it touches markup, and the page's Content
-Security Policy runs only the report's own scripts (each carries a per-file nonce) and allows no network access, so
-a completion such as `<script>...</script>` is shown as those characters and could not run or call out even if an
+Nothing here draws by itself: the figures are the dashboard's (`dashboard.charts`), the tokens are drawn by the
+token inspector's own script (`token_spans.js`, from `dashboard.tokens.token_spans`' data), and the data come from
+the dashboard's data layer (`dashboard.data`, the same queries the pages call through their caches), so the report
+shows what the app shows, and making one needs no Streamlit. Every logged string is escaped (`html.escape`) before
+it touches markup or written as a JSON string that a script makes a text node of, and the page's Content Security
+Policy runs only the report's own scripts (each carries a per-file nonce) and allows no network access, so a
+completion such as `<script>...</script>` is shown as those characters and could not run or call out even if an
 escape were missed.
 """
 
@@ -27,7 +28,19 @@ import pandas as pd
 import plotly.io as pio
 
 from dashboard import charts, data, mismatch, plotly_bundle
-from dashboard.tokens import CHANNELS, is_missing, number, plain, token_heatmap_html
+from dashboard.tokens import (
+    CHANNELS,
+    DEFAULT_WINDOW,
+    OVERVIEW_BINS,
+    TOKEN_STYLE,
+    TOKENS_STYLE,
+    colour_legend_html,
+    is_missing,
+    number,
+    plain,
+    token_colours,
+    token_marks,
+)
 from engine.clip_codes import CLIP_EVENTS, CLIP_NAMES
 from engine.correction_settings import RATIO_BAND
 
@@ -42,6 +55,7 @@ GROUP_COLUMNS = ["group_id", "prompt", "answer", "size", "reward_mean", "reward_
 COMPLETION_COLUMNS = ["rollout_id", "index_in_group", "completion", "reward", "advantage", "length", "truncated",
                       "filtered"]
 PLOT_CONFIG = {"displaylogo": False, "responsive": True}
+TOKEN_SPANS_JS = (Path(__file__).parent / "token_spans.js").read_text()
 STYLE = """
 body { font-family: system-ui, -apple-system, "Segoe UI", sans-serif; margin: 24px auto; max-width: 1200px;
        padding: 0 16px; color: #222; }
@@ -85,6 +99,13 @@ def html_table(frame: pd.DataFrame) -> str:
     return f"<table><thead><tr>{head}</tr></thead><tbody>{''.join(rows)}</tbody></table>"
 
 
+def _script_json(value) -> str:
+    """`value` as a JavaScript literal inside a <script> element: JSON with every '<' escaped, so that no logged
+    text can close the element (or open a comment), and every character past ASCII escaped (U+2028 and U+2029 end
+    a line in older JavaScript)."""
+    return json.dumps(value, ensure_ascii=True).replace("<", "\\u003c")
+
+
 class _Page:
     """The report being assembled: HTML pieces, and figures turned into nonce-carrying scripts."""
 
@@ -107,6 +128,32 @@ class _Page:
         data = pio.to_json(figure, validate=False)
         self.add(f'<div id="{div}" class="pl-figure"></div><script nonce="{self.nonce}">(function () {{'
                  f"var f = {data}; Plotly.newPlot({json.dumps(div)}, f.data, f.layout, {json.dumps(PLOT_CONFIG)});"
+                 "})();</script>")
+
+    def tokens(self, tokens: pd.DataFrame, channels: list[str]) -> None:
+        """A rollout's tokens in one folded block per channel (the first one open), drawn by `token_spans.js` in the
+        reader's browser when a block is opened: the texts and hover texts are written once, and a colour per token
+        and channel (a 16,384-token completion's 13 channels written out as spans made a 105 MB file)."""
+        marks = token_marks(tokens) | {"block_style": TOKENS_STYLE, "token_style": TOKEN_STYLE}
+        colours = {}
+        for name in channels:
+            colours[name] = token_colours(tokens, name)
+            self.add(f'<details class="pl-channel" data-channel="{html.escape(name)}"'
+                     f'{" open" if name == channels[0] else ""}><summary>coloured by '
+                     f'{html.escape(CHANNELS[name].label)}</summary><div class="pl-tokens"></div>'
+                     f'{colour_legend_html(CHANNELS[name], colours[name]["low"], colours[name]["high"])}</details>')
+        self.add(f'<script nonce="{self.nonce}">{TOKEN_SPANS_JS}\n(function () {{'
+                 f"var marks = {_script_json(marks)}, colours = {_script_json(colours)};"
+                 "document.querySelectorAll('details.pl-channel').forEach(function (block) {"
+                 "  function draw() {"
+                 "    if (!block.open || block.dataset.drawn) return;"
+                 "    block.dataset.drawn = '1';"
+                 "    drawTokens(block.querySelector('div.pl-tokens'),"
+                 "               Object.assign({}, marks, colours[block.dataset.channel]));"
+                 "  }"
+                 "  block.addEventListener('toggle', draw);"
+                 "  draw();"
+                 "});"
                  "})();</script>")
 
     def html(self, title: str) -> str:
@@ -238,8 +285,8 @@ def _rollout(page: _Page, reader, run: str, step: int, rollout: pd.Series, chann
     rollout_id = int(rollout["rollout_id"])
     passes = data.rollout_passes(reader, run, step, rollout_id)
     pass_ = passes[-1] if passes else None
-    tokens = data.as_loss_used(data.rollout_tokens(reader, run, step, (rollout_id,), pass_),
-                               data.step_whitening(reader, run, step))
+    whitening = data.step_whitening(reader, run, step)
+    tokens = data.as_loss_used(data.rollout_tokens(reader, run, step, (rollout_id,), pass_), whitening)
     where = (f"group {number(rollout['group_id'], '.0f')} #{number(rollout['index_in_group'], '.0f')}"
              if rollout["kind"] == "train" else f"eval prompt {number(rollout['prompt_id'], '.0f')}")
     page.add(f"<h2>Rollout {rollout_id}, token by token</h2>")
@@ -253,15 +300,20 @@ def _rollout(page: _Page, reader, run: str, step: int, rollout: pd.Series, chann
         page.add("<p>No tokens logged for this rollout.</p>")
         return
     logged = [name for name, c in CHANNELS.items() if c.column in tokens.columns and tokens[c.column].notna().any()]
-    order = [channel] + [name for name in logged if name != channel]
-    for name in order:
-        page.add(f"<details{' open' if name == channel else ''}><summary>coloured by "
-                 f"{html.escape(CHANNELS[name].label)}</summary>{token_heatmap_html(tokens, name)}</details>")
+    page.tokens(tokens, [channel] + [name for name in logged if name != channel])
     if "clip" in tokens.columns and tokens["clip"].notna().any():
         counts = tokens["clip"].fillna(0).astype(int).value_counts()
         page.add("<p>Clip events in this pass: "
                  + ", ".join(f"{CLIP_NAMES[c]} {counts.get(c, 0)}" for c in CLIP_EVENTS) + "</p>")
-    page.figure(charts.token_channel_heatmap(tokens, logged))
+    if len(tokens) <= DEFAULT_WINDOW:
+        page.figure(charts.token_channel_heatmap(tokens, logged))
+        return
+    # As the Token inspector: a long completion's heatmap at screen resolution (token by token, a 16k-token one's
+    # was 5.8 MB of the report)
+    bins = data.as_loss_used(data.rollout_token_bins(reader, run, step, rollout_id, pass_, OVERVIEW_BINS), whitening)
+    page.add(f'<p class="meta">Token × channel: the whole completion, each column the mean of '
+             f"{int(bins['tokens'].max())} tokens or fewer (each token's own values: hover it above).</p>")
+    page.figure(charts.token_channel_bins(bins, logged))
 
 
 def _clipping(page: _Page, reader, run: str, step: int, algorithm: str) -> None:

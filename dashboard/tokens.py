@@ -1,9 +1,8 @@
-"""One rollout's tokens coloured by a channel, clip events painted on them: as plain data (`token_spans`, which the
-Token inspector's component draws as text, `dashboard.token_view`) and as HTML (`token_heatmap_html`, the report).
-
-Every piece of token text goes through `html.escape` before it touches markup, so a completion that contains
-`<img src=x onerror=alert(1)>` is shown as those characters, never as an element. Whitespace is made visible
-(`·` for a space, `→` for a tab, `↵` for a newline followed by a real line break) because for a tokenizer a
+"""One rollout's tokens coloured by a channel, clip events painted on them, as plain data (`token_spans`), which
+`token_spans.js` draws as text in the Token inspector (`dashboard.token_view`) and in the report: a completion that
+contains `<img src=x onerror=alert(1)>` is shown as those characters, never as an element. Token texts that other
+figures show as markup (plotly's hover labels) go through `html.escape` first (`visible_text`). Whitespace is made
+visible (`·` for a space, `→` for a tab, `↵` for a newline followed by a real line break) because for a tokenizer a
 leading space or a newline is a token like any other and users need to see where it went.
 
 No Streamlit calls here.
@@ -71,6 +70,13 @@ CLIP_STYLES = {
 }
 # A token the mismatch corrections took out of the loss is struck through (it is still shown: it stays logged).
 REJECTED_STYLE = "text-decoration:line-through;text-decoration-thickness:2px;"
+OVERVIEW_BINS = 1000
+"""Columns of a long completion's overview strip and token x channel heatmap (`dashboard.data.rollout_token_bins`):
+about a pixel each on a laptop's wide page."""
+DEFAULT_WINDOW = 512
+"""A completion up to this long is shown whole (its text as one block, its heatmap token by token); a longer one by
+windows of this many tokens, its heatmap in `OVERVIEW_BINS` columns."""
+
 TOKEN_STYLE = "padding:1px 2px;margin:1px 1px;border-radius:2px;"  # every token's box
 TOKENS_STYLE = ("font-family:ui-monospace,Menlo,Consolas,monospace;font-size:16px;line-height:2.0;white-space:normal;"
                 "word-break:break-all;")  # the block of a completion's tokens
@@ -82,13 +88,8 @@ def visible_whitespace(text: str) -> str:
 
 
 def visible_text(text: str) -> str:
-    """Escape a token's text for HTML and make its whitespace visible."""
-    return _as_html(visible_whitespace(text))
-
-
-def _as_html(shown: str) -> str:
-    """`visible_whitespace`'s text as HTML: escaped, its newlines real line breaks."""
-    return html.escape(shown, quote=True).replace("\n", "<br>")
+    """Escape a token's text for HTML and make its whitespace visible, its newlines real line breaks."""
+    return html.escape(visible_whitespace(text), quote=True).replace("\n", "<br>")
 
 
 def channel_range(values: pd.Series, channel: Channel) -> tuple[float, float]:
@@ -174,27 +175,23 @@ def _format_signed(value) -> str:
 
 
 def token_spans(tokens: pd.DataFrame, channel_name: str, hover_columns: list[str] | None = None) -> dict:
-    """How each token is drawn, as plain data: what the dashboard's token component (`dashboard/token_view.js`)
-    builds its spans from (as text, never as markup) and what `token_heatmap_html` writes out as HTML.
+    """How each token is drawn, as plain data: what `token_spans.js` builds its spans from (as text, never as
+    markup), in the Token inspector's component (`dashboard/token_view.js`) and in the report.
 
     `tokens` has one row per completion token in order, with `position`, `token_text`, the channel's column and
-    optionally `clip` (the engine.clip_codes clip code) and `rejected` (engine.correction_settings). Returns lists,
-    one entry per token: `position` (int or None), `text` (whitespace made visible, a newline kept after its `↵`),
-    `colour` (an index into `palette`, -1: not coloured), `clip`, `rejected`, `title` (the hover text: every column
-    in `hover_columns`); and `palette` ([background, text colour] pairs), `styles` (CSS by clip code, and
-    "rejected"), `low` and `high` (the colour scale's ends).
+    optionally `clip` (the engine.clip_codes clip code) and `rejected` (engine.correction_settings). Returns
+    `token_marks` (what does not depend on the channel) and `token_colours` (what does) in one dict.
     """
-    channel = CHANNELS[channel_name]
+    return token_marks(tokens, hover_columns) | token_colours(tokens, channel_name)
+
+
+def token_marks(tokens: pd.DataFrame, hover_columns: list[str] | None = None) -> dict:
+    """The part of `token_spans` that is the same for every channel: lists with one entry per token, `position`
+    (int or None), `text` (whitespace made visible, a newline kept after its `↵`), `clip`, `rejected`, `title` (the
+    hover text: every column in `hover_columns`, by default every channel's logged), and `styles` (CSS by clip code,
+    and "rejected")."""
     hover_columns = hover_columns or [c.column for c in CHANNELS.values()  # the rejection by name, below
                                       if c.column in tokens.columns and c.column != "rejected"]
-    values = tokens[channel.column] if channel.column in tokens.columns else pd.Series(np.nan, index=tokens.index)
-    low, high = channel_range(values, channel)
-    palette = _palette(channel.colorscale)
-    # Whole columns at once (a window of a long completion is 512 tokens and a dozen hover values each); as
-    # `_colour`: the nearest of the palette's colours (round half to even, as Python's round), -1 when missing.
-    scaled = pd.to_numeric(values, errors="coerce").to_numpy(dtype=float, na_value=np.nan)
-    colour = np.rint(np.clip((scaled - low) / (high - low), 0.0, 1.0) * (len(palette) - 1))
-    colour = np.where(np.isfinite(scaled), colour, -1).astype(int)
     codes = {name: tokens[name].fillna(0).astype(int).tolist() if name in tokens.columns else [0] * len(tokens)
              for name in ("clip", "rejected")}
     texts = tokens["token_text"].astype(object).fillna("").astype(str).tolist()
@@ -208,30 +205,24 @@ def token_spans(tokens: pd.DataFrame, channel_name: str, hover_columns: list[str
     titles = ["\n".join(token_lines) for token_lines in zip(*lines, strict=True)]
     titles = [title + f"\nrejected: {REJECT_NAMES.get(code, code)}" if code else title
               for title, code in zip(titles, codes["rejected"], strict=True)]
-    return {"position": positions, "text": [visible_whitespace(t) for t in texts], "colour": colour.tolist(),
-            "clip": codes["clip"], "rejected": codes["rejected"], "title": titles,
-            "palette": [list(pair) for pair in palette],
-            "styles": {**{str(code): style for code, style in CLIP_STYLES.items()}, "rejected": REJECTED_STYLE},
-            "low": low, "high": high}
+    return {"position": positions, "text": [visible_whitespace(t) for t in texts], "clip": codes["clip"],
+            "rejected": codes["rejected"], "title": titles,
+            "styles": {**{str(code): style for code, style in CLIP_STYLES.items()}, "rejected": REJECTED_STYLE}}
 
 
-def token_heatmap_html(tokens: pd.DataFrame, channel_name: str, hover_columns: list[str] | None = None) -> str:
-    """Render tokens as coloured inline spans (the report's HTML file; the dashboard draws `token_spans` with its
-    own component). Hovering a token shows every column in `hover_columns`."""
-    drawn = token_spans(tokens, channel_name, hover_columns)
-    spans = []
-    for position, text, colour, clip, rejected, title in zip(
-            drawn["position"], drawn["text"], drawn["colour"], drawn["clip"], drawn["rejected"], drawn["title"],
-            strict=True):
-        background, text_colour = drawn["palette"][colour] if colour >= 0 else ("transparent", "inherit")
-        spans.append(
-            f'<span class="pl-token" data-position="{"" if position is None else position}" data-clip="{clip}"'
-            f' data-rejected="{rejected}" title="{html.escape(title, quote=True)}"'
-            f' style="background:{background};color:{text_colour};{TOKEN_STYLE}{CLIP_STYLES.get(clip, "")}'
-            f'{REJECTED_STYLE if rejected else ""}">{_as_html(text)}</span>'
-        )
-    legend = colour_legend_html(CHANNELS[channel_name], drawn["low"], drawn["high"])
-    return f'<div class="pl-tokens" style="{TOKENS_STYLE}">{"".join(spans)}</div>{legend}'
+def token_colours(tokens: pd.DataFrame, channel_name: str) -> dict:
+    """The part of `token_spans` that depends on the channel: `colour` (by token, an index into `palette`, -1: not
+    coloured), `palette` ([background, text colour] pairs), `low` and `high` (the colour scale's ends)."""
+    channel = CHANNELS[channel_name]
+    values = tokens[channel.column] if channel.column in tokens.columns else pd.Series(np.nan, index=tokens.index)
+    low, high = channel_range(values, channel)
+    palette = _palette(channel.colorscale)
+    # Whole columns at once (a window of a long completion is 512 tokens and a dozen hover values each); as
+    # `_colour`: the nearest of the palette's colours (round half to even, as Python's round), -1 when missing.
+    scaled = pd.to_numeric(values, errors="coerce").to_numpy(dtype=float, na_value=np.nan)
+    colour = np.rint(np.clip((scaled - low) / (high - low), 0.0, 1.0) * (len(palette) - 1))
+    colour = np.where(np.isfinite(scaled), colour, -1).astype(int)
+    return {"colour": colour.tolist(), "palette": [list(pair) for pair in palette], "low": low, "high": high}
 
 
 @functools.lru_cache(maxsize=32)

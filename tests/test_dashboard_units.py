@@ -19,9 +19,10 @@ from dashboard.tokens import (
     _colour,
     channel_range,
     reasoning_steps_html,
-    token_heatmap_html,
+    token_marks,
     token_spans,
     visible_text,
+    visible_whitespace,
 )
 from engine.cli import build_parser, dashboard_command
 
@@ -43,15 +44,22 @@ def test_visible_text_escapes_and_shows_whitespace(token, shown):
     assert visible_text(token) == shown
 
 
-def test_token_html_never_contains_a_token_as_markup():
-    tokens = pd.DataFrame({"position": [0, 1, 2], "token_text": ["a", HOSTILE, '" onmouseover="x'],
-                           "advantage": [0.5, -0.5, 0.0], "clip": [0, 1, 2]})
-    body = token_heatmap_html(tokens, "advantage")
-    assert "<img" not in body and 'onmouseover="x' not in body
-    assert html.escape(HOSTILE, quote=True).replace(" ", "·") in body
+def test_token_data_written_into_a_report_script_cannot_close_it():
+    """The report writes its tokens as a JavaScript literal inside a <script> element (`token_spans.js` makes text
+    nodes of them): no logged text may end that element, open a comment or hide a line break from the parser."""
+    import json
+
+    from dashboard.report import _script_json
+
+    texts = ["a", HOSTILE, "</script><script>alert(1)</script>", "<!--", "x\u2028y", '" onmouseover="x']
+    tokens = pd.DataFrame({"position": range(len(texts)), "token_text": texts, "advantage": 0.5, "clip": [0, 1, 2] * 2})
+    written = _script_json(token_marks(tokens))
+    assert "<" not in written and "\u2028" not in written and written.isascii()
+    marks = json.loads(written)
+    assert marks["text"] == [visible_whitespace(t) for t in texts]  # the same characters, read back
     # Low and high clip events are marked differently (and machine-readably).
-    assert 'data-clip="1"' in body and 'data-clip="2"' in body
-    assert "border-bottom:4px" in body and "border-top:4px" in body
+    assert marks["clip"] == [0, 1, 2] * 2 and "border-bottom:4px" in marks["styles"]["1"]
+    assert "border-top:4px" in marks["styles"]["2"]
 
 
 def test_each_token_gets_the_colour_of_its_value_on_the_channel_scale():
@@ -222,9 +230,9 @@ def test_tokens_logged_without_position_or_text_still_render():
     tokens = pd.DataFrame({"position": pd.array([0, None], dtype="Int64"),
                            "token_text": pd.array(["a", None], dtype="string"),
                            "advantage": [0.5, np.nan], "clip": pd.array([None, 2], dtype="Int8")})
-    body = token_heatmap_html(tokens, "advantage")
-    assert body.count('class="pl-token"') == 2
-    assert 'data-position=""' in body and ">None<" not in body and "<NA>" not in body
+    marks = token_marks(tokens)
+    assert marks["position"] == [0, None] and marks["text"] == ["a", ""]
+    assert not any("None" in title or "<NA>" in title for title in marks["title"])
 
 
 def test_reasoning_steps_of_an_outcome_supervised_run_show_raw_rewards_without_nan():

@@ -104,10 +104,10 @@ def test_report_in_a_browser_makes_no_request_and_shows_markup_as_text(tmp_path)
         assert page.evaluate("() => window.__pwned") is None
         assert page.evaluate("() => window.__violations") == []
         assert page.locator("img, iframe, object, embed, [onerror]").count() == 0
-        # The only scripts are the report's own: plotly's once, then one per figure.
+        # The only scripts are the report's own: plotly's once, one per figure and the tokens' one.
         figures = page.locator(".pl-figure").count()
         scripts = page.evaluate("() => [...document.scripts].map(s => s.nonce ? 'own' : s.outerHTML)")
-        assert scripts == ["own"] * (figures + 1)
+        assert scripts == ["own"] * (figures + 2)
         assert page.evaluate("() => document.scripts[0].text") == plotly_bundle.served_script()  # the dashboard's
 
         # The markup is on the page as characters.

@@ -199,3 +199,34 @@ def test_the_mismatch_channels_are_offered_only_where_they_were_logged(logs, mon
     assert at.selectbox(key="channel").value == "advantage"  # the link's channel is not there: the default
     assert any("not logged for this rollout" in c.value and "mismatch" in c.value for c in at.caption)
     assert {r for _, _, r in spans(at)} == {0}
+
+
+def test_the_report_of_a_long_rollout_writes_each_token_once_and_bins_its_heatmap(logs):
+    """The report draws the rollout's tokens in the reader's browser (`token_spans.js`) from data written once:
+    its texts and hover texts once, a colour per token and channel. Written out as spans for each of its channels,
+    a 16,384-token completion made a 105 MB report; its token x channel heatmap is binned as the page's."""
+    import base64
+    import json
+
+    from dashboard import plotly_bundle
+    from dashboard.report import build_report
+    from dashboard.tokens import OVERVIEW_BINS, visible_whitespace
+
+    expected = logged(logs, "sampled", 0)
+    text = build_report(str(logs), "sampled", 0, 0, "ratio")
+    marks, colours = re.search(r"var marks = (\{.*?\}), colours = (\{.*?\});document", text).groups()
+    marks, colours = json.loads(marks), json.loads(colours)
+    assert marks["text"] == [visible_whitespace(t) for t in expected["token_text"]]
+    assert marks["position"] == list(range(LONG))
+    assert marks["clip"] == expected["clip"].astype(int).tolist()
+    assert next(iter(colours)) == "ratio"  # the channel asked for first, drawn open
+    for name, drawn in colours.items():  # every channel logged for this rollout, a colour per token
+        assert expected[CHANNELS[name].column].notna().any() and len(drawn["colour"]) == LONG
+    assert text.count('class="pl-channel"') == len(colours) >= 10
+    figures = [json.loads(f)["data"] for f in re.findall(r"var f = (\{.*?\}); Plotly.newPlot", text)]
+    heatmap = [traces for traces in figures if "mean of the" in traces[0].get("hovertemplate", "")]
+    assert len(heatmap) == 1 and len(heatmap[0]) == len(colours)  # a row per channel
+    columns = {len(base64.b64decode(trace["x"]["bdata"])) // 4 for trace in heatmap[0]}  # float32 bin centres
+    assert columns == {min(OVERVIEW_BINS, LONG)}
+    # the whole report, plotly.js aside: about 0.5 kB a token (written out per channel it was about 4 kB)
+    assert len(text) - len(plotly_bundle.served_script()) < 1000 * LONG

@@ -212,6 +212,7 @@ def test_completions_are_chunked_shortest_first_while_the_padding_stays_within_t
     assert [c.tolist() for c in recompute.length_chunks(lengths, 300, 0)] == [[0, 4, 2, 1, 3]]
     assert [c.tolist() for c in recompute.length_chunks(lengths, 0, 0)] == [[0], [4], [2], [1], [3]]
     assert [c.tolist() for c in recompute.length_chunks(np.array([7, 7, 7]), 0, 0)] == [[0, 1, 2]]
+    assert recompute.length_chunks(np.array([], dtype=int)) == []
 
 
 def test_only_the_rules_that_look_at_the_whole_batch_are_weighed_whole():

@@ -7,12 +7,10 @@ import functools
 import streamlit as st
 
 from dashboard import charts, common, data, figures, queries, report, token_view
-from dashboard.tokens import CHANNELS, MISMATCH_CHANNELS
+from dashboard.tokens import CHANNELS, DEFAULT_WINDOW, MISMATCH_CHANNELS, OVERVIEW_BINS
 from engine.clip_codes import CLIP_EVENTS, CLIP_NAMES
 
-OVERVIEW_BINS = 1000  # columns of the strip and the heatmap: about a pixel each on a laptop's wide page
 WINDOW_SIZES = [256, 512, 1024, 2048]
-DEFAULT_WINDOW = 512  # a completion up to this long is shown whole, as one block
 
 selection = common.require_selection()
 logs, run, step = selection.logs_dir, selection.run, selection.step
