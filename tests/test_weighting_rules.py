@@ -177,10 +177,11 @@ def _ragged_batch(seed: int = 0):
 
 @pytest.mark.parametrize("algo", ALGORITHMS)
 def test_weighing_a_few_completions_at_a_time_gives_the_whole_batch_answer(algo):
-    """`recompute.weigh` asks a row-local objective two completions at a time, each pair cut to its own longest:
-    every token's gradient weight, ratio and clip code and every completion's total are those of one `policy_loss`
-    call on the whole padded batch (token-mean, seq-mean and seq-mean-token-sum-norm normalisers included: each
-    algorithm's own aggregation is used, and dapo's is token-mean, Dr. GRPO's seq-mean-token-sum-norm)."""
+    """`recompute.weigh` asks a row-local objective the completions of one length at a time (no padding allowed),
+    each chunk cut to its own longest: every token's gradient weight, ratio and clip code and every completion's
+    total are those of one `policy_loss` call on the whole padded batch (token-mean, seq-mean and
+    seq-mean-token-sum-norm normalisers included: each algorithm's own aggregation is used, and dapo's is
+    token-mean, Dr. GRPO's seq-mean-token-sum-norm)."""
     import torch
 
     from engine.objectives import policy_loss
