@@ -103,12 +103,15 @@ def test_in_a_browser_the_served_plotly_draws_figures_once_in_sight_a_click_move
     write_run(str(tmp_path), "long", sampler=True)  # rollout 0: 5,000 tokens, shown 512 at a time
     with screenshots.serve_dashboard(tmp_path) as url, sync_playwright() as playwright:
         browser = screenshots.launch_browser(playwright)
-        page = browser.new_page(viewport={"width": 1400, "height": 1000})
+        # A screen low enough that the heatmap is out of sight whether or not the text above it is drawn yet: the
+        # text's component may mount after the heatmap's on a busy machine, and a figure in sight is drawn at once.
+        page = browser.new_page(viewport={"width": 1400, "height": 600})
         page.set_default_timeout(GENEROUS_MS)
         page.goto(f"{url}/tokens?run=long&step=0&rollout=0")
         screenshots.wait_until_rendered(page, GENEROUS_MS)
         # The strip is drawn; the whole completion's heatmap, further down, only once it is scrolled to.
         page.wait_for_function("document.querySelectorAll('.js-plotly-plot').length >= 1")
+        page.wait_for_selector("span.pl-token")
         heatmap = page.locator(".policylens-figure").last
         assert heatmap.evaluate("gd => !gd._fullLayout && gd.getBoundingClientRect().top > window.innerHeight + 200")
         assert heatmap.evaluate("gd => gd.getBoundingClientRect().height") >= 300  # its place kept meanwhile
