@@ -55,7 +55,7 @@ GROUP_COLUMNS = ["group_id", "prompt", "answer", "size", "reward_mean", "reward_
 COMPLETION_COLUMNS = ["rollout_id", "index_in_group", "completion", "reward", "advantage", "length", "truncated",
                       "filtered"]
 PLOT_CONFIG = {"displaylogo": False, "responsive": True}
-TOKEN_SPANS_JS = (Path(__file__).parent / "token_spans.js").read_text()
+TOKENS_JS = "".join((Path(__file__).parent / name).read_text() for name in ("token_spans.js", "report_tokens.js"))
 STYLE = """
 body { font-family: system-ui, -apple-system, "Segoe UI", sans-serif; margin: 24px auto; max-width: 1200px;
        padding: 0 16px; color: #222; }
@@ -142,19 +142,8 @@ class _Page:
                      f'{" open" if name == channels[0] else ""}><summary>coloured by '
                      f'{html.escape(CHANNELS[name].label)}</summary><div class="pl-tokens"></div>'
                      f'{colour_legend_html(CHANNELS[name], colours[name]["low"], colours[name]["high"])}</details>')
-        self.add(f'<script nonce="{self.nonce}">{TOKEN_SPANS_JS}\n(function () {{'
-                 f"var marks = {_script_json(marks)}, colours = {_script_json(colours)};"
-                 "document.querySelectorAll('details.pl-channel').forEach(function (block) {"
-                 "  function draw() {"
-                 "    if (!block.open || block.dataset.drawn) return;"
-                 "    block.dataset.drawn = '1';"
-                 "    drawTokens(block.querySelector('div.pl-tokens'),"
-                 "               Object.assign({}, marks, colours[block.dataset.channel]));"
-                 "  }"
-                 "  block.addEventListener('toggle', draw);"
-                 "  draw();"
-                 "});"
-                 "})();</script>")
+        self.add(f'<script nonce="{self.nonce}">{TOKENS_JS}\n'
+                 f"drawChannelBlocks({_script_json(marks)}, {_script_json(colours)});</script>")
 
     def html(self, title: str) -> str:
         policy = (f"default-src 'none'; script-src 'nonce-{self.nonce}'; style-src 'unsafe-inline'; "

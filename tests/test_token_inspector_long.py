@@ -214,7 +214,7 @@ def test_the_report_of_a_long_rollout_writes_each_token_once_and_bins_its_heatma
 
     expected = logged(logs, "sampled", 0)
     text = build_report(str(logs), "sampled", 0, 0, "ratio")
-    marks, colours = re.search(r"var marks = (\{.*?\}), colours = (\{.*?\});document", text).groups()
+    marks, colours = re.search(r"drawChannelBlocks\((\{.*?\}), (\{.*?\})\);</script>", text).groups()
     marks, colours = json.loads(marks), json.loads(colours)
     assert marks["text"] == [visible_whitespace(t) for t in expected["token_text"]]
     assert marks["position"] == list(range(LONG))
