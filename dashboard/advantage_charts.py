@@ -16,6 +16,9 @@ from dashboard.tokens import visible_text
 # Past this many reasoning steps (a 16k-token completion has ~300) the boundaries of the highlighted completion's
 # steps would be more lines than the panel has pixels: only its wrong steps are shaded.
 MAX_STEP_LINES = 80
+# Past this many reasoning steps their notes ("step 3: r=0.9 → +0.41", ~130 px each) overlap on a ~1,300 px panel:
+# the line's hover names each bin's step and its rewards instead.
+MAX_STEP_NOTES = 12
 
 
 def advantage_schemes(schemes: pd.DataFrame, titles: list[tuple[str, str]], labels: dict[int, str],
@@ -90,29 +93,43 @@ def _step_marks(steps: pd.DataFrame, grid: Subplots, panels: int) -> list[dict]:
 
 def prm_advantage_line(bins: pd.DataFrame, prm_steps: pd.DataFrame, tokens: pd.DataFrame | None) -> go.Figure:
     """Per-token advantage of one completion as a line through the means of its bins (`dashboard.data.
-    critic_token_bins`), its reasoning steps shaded and their normalized rewards noted (up to MAX_STEP_LINES steps:
-    past that the staircase itself shows them); `tokens` (position, token_text): hover text of one-token bins."""
+    critic_token_bins`), its reasoning steps shaded (up to MAX_STEP_LINES steps: past that the staircase itself
+    shows them) and their rewards noted above the panel (up to MAX_STEP_NOTES steps) and in the hover of each bin
+    (the step of its first token); `tokens` (position, token_text): hover text of one-token bins."""
+    ordered = prm_steps.sort_values("step_index")
+    labels = [f"step {step.step_index}: r={step.reward_raw:.3g} → {step.reward_norm:+.3g}"
+              for step in ordered.itertuples(index=False)]
     shapes, notes = [], []
-    if len(prm_steps) <= MAX_STEP_LINES:
-        for i, step in enumerate(prm_steps.sort_values("step_index").itertuples(index=False)):
+    if len(ordered) <= MAX_STEP_LINES:
+        for i, step in enumerate(ordered.itertuples(index=False)):
             shapes.append({"type": "rect", "xref": "x", "yref": "paper", "x0": step.first_pos - 0.5,
                            "x1": step.last_pos + 0.5, "y0": 0, "y1": 1, "line": {"width": 0}, "opacity": 0.10,
                            "fillcolor": "#1f77b4" if i % 2 == 0 else "#ff7f0e", "layer": "below"})
-            notes.append({"x": step.first_pos - 0.5, "y": 1, "xref": "x", "yref": "paper", "xanchor": "left",
-                          "yanchor": "bottom", "showarrow": False, "font": {"size": 10},
-                          "text": f"step {step.step_index}: r={step.reward_raw:.3g} → {step.reward_norm:+.3g}"})
+    if len(ordered) <= MAX_STEP_NOTES:
+        notes = [{"x": start - 0.5, "y": 1, "xref": "x", "yref": "paper", "xanchor": "left", "yanchor": "bottom",
+                  "showarrow": False, "font": {"size": 10}, "text": label}
+                 for start, label in zip(ordered["first_pos"], labels, strict=True)]
     shapes.append({"type": "line", "xref": "paper", "yref": "y", "x0": 0, "x1": 1, "y0": 0, "y1": 0,
                    "line": {"color": "#888", "width": 1}})
     first, last = bins["first_pos"].to_numpy(), bins["last_pos"].to_numpy()
     line = {"type": "scatter", "x": (first + last) / 2, "y": bins["advantage"].to_numpy(dtype=float),
             "mode": "lines+markers", "line": {"shape": "hv"}, "name": "advantage", "marker": {"size": 4}}
+    # The reasoning step holding each bin's first token ("" outside every step, or for a step logged without its
+    # positions)
+    located = ordered.assign(label=labels).dropna(subset=["first_pos", "last_pos"]).sort_values("first_pos")
+    starts, ends = located["first_pos"].to_numpy(dtype=float), located["last_pos"].to_numpy(dtype=float)
+    at = np.searchsorted(starts, first, side="right") - 1  # the last step starting at or before the bin
+    inside = (at >= 0) & (first <= ends[np.maximum(at, 0)]) if len(starts) else np.zeros(len(first), dtype=bool)
+    step_of_bin = ["<br>" + located["label"].iloc[i] if ok else "" for i, ok in zip(at, inside, strict=True)]
     if (last > first).any():
-        line.update(customdata=np.stack([first, last], axis=-1),
-                    hovertemplate="tokens %{customdata[0]}–%{customdata[1]}<br>mean advantage %{y:.4g}<extra></extra>")
+        line.update(customdata=[[int(a), int(b), step] for a, b, step in zip(first, last, step_of_bin, strict=True)],
+                    hovertemplate="tokens %{customdata[0]}–%{customdata[1]}<br>mean advantage %{y:.4g}"
+                                  "%{customdata[2]}<extra></extra>")
     else:
         text = {} if tokens is None else dict(zip(tokens["position"], tokens["token_text"], strict=True))
-        line.update(customdata=[visible_text(str(text.get(p, ""))).replace("<br>", "") for p in first],
-                    hovertemplate="#%{x} %{customdata}<br>advantage %{y:.4g}<extra></extra>")
+        line.update(customdata=[[visible_text(str(text.get(p, ""))).replace("<br>", ""), step]
+                                for p, step in zip(first, step_of_bin, strict=True)],
+                    hovertemplate="#%{x} %{customdata[0]}<br>advantage %{y:.4g}%{customdata[1]}<extra></extra>")
     return go.Figure(data=[line], layout={
         "height": 300, "margin": {"l": 40, "r": 10, "t": 30, "b": 30}, "shapes": shapes, "annotations": notes,
         "xaxis": {"title": {"text": "token position"}}, "yaxis": {"title": {"text": "advantage"}},

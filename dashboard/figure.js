@@ -146,6 +146,10 @@ export default function (component) {
       plot.visible = entries[entries.length - 1].isIntersecting;
       if (plot.visible && plot.pending) draw(plot);
     }, { root: scrollingAncestor(parentElement), rootMargin: VISIBLE_MARGIN }).observe(plot);
+    // plotly.js itself is fetched and run once the browser is idle, figures in sight or not: a page whose figures
+    // are all further down (PRM steps under a long completion's text) would otherwise make the first one scrolled
+    // to wait for it (0.3 s on two cores). A failure is reported by the first draw, which tries again.
+    (window.requestIdleCallback ?? setTimeout)(() => plotlyLoaded(data.script).catch(() => {}));
   }
   plot.pending = { data, setTriggerValue, element: parentElement };
   if (plot.visible) draw(plot);

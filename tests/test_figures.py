@@ -187,6 +187,15 @@ def test_in_a_browser_the_served_plotly_draws_figures_once_in_sight_a_click_move
                                "new URLSearchParams(location.search).get('rollout') === r", arg=rollout)
         page.get_by_role("heading", name="Token inspector").wait_for()
         assert page.evaluate("window.sameDocument === true")
+
+        # A page whose figures are all out of sight (PRM steps' sandbox, under its table, on a low screen) still
+        # fetches and runs plotly.js once idle: the first figure scrolled to does not wait for it.
+        low = browser.new_page(viewport={"width": 1400, "height": 300})
+        low.set_default_timeout(GENEROUS_MS)
+        low.goto(f"{url}/prm?run=long&step=0")
+        low.locator(".policylens-figure").last.wait_for(state="attached")
+        low.wait_for_function("window.Plotly !== undefined")
+        assert low.locator(".js-plotly-plot").count() == 0  # none drawn
         browser.close()
 
 

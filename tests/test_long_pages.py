@@ -201,7 +201,14 @@ def test_prm_steps_of_a_long_completion_page_the_text_and_bin_the_line(logs, mon
     spec = plotly_spec(at, "prm_advantage_line")
     own = by_bins(rows[rows["rollout_id"] == 0], 5)
     np.testing.assert_allclose(array(spec["data"][0]["y"]), own["advantage"].mean(), rtol=1e-9)
-    assert not spec["layout"].get("annotations")  # 100 steps: no note per step
+    assert not spec["layout"].get("annotations")  # 100 steps: no note per step, but in each bin's hover
+    steps = independent(logs, "prm_steps", "WHERE run = ? AND step = 0 AND rollout_id = 0", [RUN])
+    steps = steps.set_index("step_index")
+    for first, _last, note in spec["data"][0]["customdata"]:
+        index, raw, normalized = re.fullmatch(r"<br>step (\d+): r=(\S+) → (\S+)", note).groups()
+        assert int(index) == first // STEP_TOKENS  # the synthetic steps tile the completion, STEP_TOKENS each
+        assert float(raw) == pytest.approx(steps.loc[int(index), "reward_raw"], rel=1e-2, abs=1e-3)
+        assert float(normalized) == pytest.approx(steps.loc[int(index), "reward_norm"], rel=1e-2, abs=1e-3)
     # The last page of the text: steps 80..99.
     page = next(n for n in at.number_input if n.key == "prm_text_page_0")
     page.set_value(3).run()
