@@ -1009,6 +1009,43 @@ def test_weighting_of_one_group_computes_the_whole_step_ahead(trained, monkeypat
     assert [array(trace["y"]).tolist() for trace in shown["data"]] == totals
 
 
+def test_token_statistics_computes_the_other_position_splits_ahead_so_choosing_one_reads_nothing(
+        trained, monkeypatch, prefetching):
+    """Once Token statistics is drawn (no position split), its server computes the page's two position queries for
+    the other splits, the picker's neighbour first: choosing one then runs no query and shows what a fresh visit
+    computes."""
+    import streamlit as st
+
+    from dashboard import token_data
+
+    logs_dir, run = trained
+    st.cache_data.clear()
+    asked = []
+
+    def recorded(name):
+        real = getattr(token_data, name)
+        return lambda *a: asked.append((name, a[4])) or real(*a)  # a[4]: the position split
+
+    for name in ("token_stats", "covariance_drivers"):
+        monkeypatch.setattr(token_data, name, recorded(name))
+    at = open_page(logs_dir, "token_stats", monkeypatch, run=run)
+    assert at.selectbox(key="stats_bucket").value == "no position split"
+    assert prefetching.settled(timeout=120)
+    assert asked[2:4] == [("token_stats", 4), ("covariance_drivers", 4)]  # after the page's own, the neighbour
+    assert {bucket for _, bucket in asked} == {0, 4, 8, 16, 32}
+    asked.clear()
+    at.selectbox(key="stats_bucket").set_value("8 positions").run()
+    assert not at.exception
+    assert asked == []
+    shown = [dataframe(at, "token_text", "position_to"), plotly_spec(at, "stats_covariance_steps")["data"]]
+    st.cache_data.clear()
+    fresh = open_page(logs_dir, "token_stats", monkeypatch, run=run)
+    fresh.selectbox(key="stats_bucket").set_value("8 positions").run()
+    assert asked, "the fresh visit ran the queries"
+    pd.testing.assert_frame_equal(dataframe(fresh, "token_text", "position_to"), shown[0])
+    assert plotly_spec(fresh, "stats_covariance_steps")["data"] == shown[1]
+
+
 def test_weighting_computes_the_other_update_ahead_so_choosing_it_reads_nothing(trained, monkeypatch, prefetching):
     """Algorithm weighting opens on the last update of a run that made two (two epochs): its server also weighs the
     same tokens at the first one, so that choosing it in the picker reads no token and shows what a fresh visit
