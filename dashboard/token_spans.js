@@ -1,8 +1,18 @@
 // A completion's tokens as coloured spans, built from plain data: the Token inspector's component
 // (token_view.js) and the report's token section (dashboard/report.py) both draw with these two functions.
-// data: dashboard.tokens.token_spans's lists (position, text, colour, clip, rejected, title by token; palette,
-//       styles) and the CSS of the block and of every token (block_style, token_style).
+// data: dashboard.tokens.token_spans's lists (position, text, colour, clip, rejected, heading by token; the hover
+//       values by column; palette, styles, the clip and rejection names) and the CSS of the block and of every
+//       token (block_style, token_style).
 // Logged text only ever becomes text nodes and attribute values: nothing from a run is parsed as markup.
+
+function hoverText(data, i) {
+  // The token's position and text, a line per column ("advantage: 0.1234"), its clip, its rejection if any.
+  const lines = [data.heading[i]];
+  data.hover.names.forEach((name, column) => lines.push(`${name}: ${data.hover.values[column][i]}`));
+  if (Object.keys(data.clip_names).length) lines.push(`clip: ${data.clip_names[data.clip[i]] ?? data.clip[i]}`);
+  if (data.rejected[i]) lines.push(`rejected: ${data.reject_names[data.rejected[i]] ?? data.rejected[i]}`);
+  return lines.join("\n");
+}
 
 function tokenSpan(data, i) {
   const span = document.createElement("span");
@@ -10,7 +20,7 @@ function tokenSpan(data, i) {
   span.dataset.position = data.position[i] ?? "";
   span.dataset.clip = data.clip[i];
   span.dataset.rejected = data.rejected[i];
-  span.title = data.title[i];
+  span.title = hoverText(data, i);
   const [background, colour] = data.colour[i] >= 0 ? data.palette[data.colour[i]] : ["transparent", "inherit"];
   span.style.cssText = `background:${background};color:${colour};${data.token_style}`
     + (data.styles[data.clip[i]] ?? "") + (data.rejected[i] ? data.styles.rejected : "");

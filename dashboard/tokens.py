@@ -187,26 +187,26 @@ def token_spans(tokens: pd.DataFrame, channel_name: str, hover_columns: list[str
 
 def token_marks(tokens: pd.DataFrame, hover_columns: list[str] | None = None) -> dict:
     """The part of `token_spans` that is the same for every channel: lists with one entry per token, `position`
-    (int or None), `text` (whitespace made visible, a newline kept after its `↵`), `clip`, `rejected`, `title` (the
-    hover text: every column in `hover_columns`, by default every channel's logged), and `styles` (CSS by clip code,
-    and "rejected")."""
+    (int or None), `text` (whitespace made visible, a newline kept after its `↵`), `clip`, `rejected`, `heading`
+    (the hover text's first line: position and the token as a Python string literal); `hover`, the rest of the
+    hover text by column ({"names": ..., "values": one list of formatted values per name}: every column in
+    `hover_columns`, by default every channel's logged), `clip_names` (clip code -> name, empty when no clip was
+    logged: no clip line), `reject_names` (the rejected tokens' line) and `styles` (CSS by clip code, and
+    "rejected"). token_spans.js writes each token's hover text from these: a name per column, not per token (a
+    16,384-token rollout's report was 4.2 MB of hover texts, 13 names on each)."""
     hover_columns = hover_columns or [c.column for c in CHANNELS.values()  # the rejection by name, below
                                       if c.column in tokens.columns and c.column != "rejected"]
     codes = {name: tokens[name].fillna(0).astype(int).tolist() if name in tokens.columns else [0] * len(tokens)
              for name in ("clip", "rejected")}
     texts = tokens["token_text"].astype(object).fillna("").astype(str).tolist()
     positions = tokens["position"].astype(object).where(tokens["position"].notna(), None).tolist()
-    # The hover text line by line, a column at a time, then joined token by token.
-    lines = [[f"#{'' if position is None else position}  {text!r}" for position, text in zip(positions, texts,
-                                                                                            strict=True)]]
-    lines += [[f"{name}: {value}" for value in _formatted(tokens[name])] for name in hover_columns]
-    if "clip" in tokens.columns:
-        lines.append([f"clip: {CLIP_NAMES.get(code, code)}" for code in codes["clip"]])
-    titles = ["\n".join(token_lines) for token_lines in zip(*lines, strict=True)]
-    titles = [title + f"\nrejected: {REJECT_NAMES.get(code, code)}" if code else title
-              for title, code in zip(titles, codes["rejected"], strict=True)]
+    headings = [f"#{'' if position is None else position}  {text!r}" for position, text in zip(positions, texts,
+                                                                                              strict=True)]
     return {"position": positions, "text": [visible_whitespace(t) for t in texts], "clip": codes["clip"],
-            "rejected": codes["rejected"], "title": titles,
+            "rejected": codes["rejected"], "heading": headings,
+            "hover": {"names": hover_columns, "values": [_formatted(tokens[name]) for name in hover_columns]},
+            "clip_names": {str(code): name for code, name in CLIP_NAMES.items()} if "clip" in tokens.columns else {},
+            "reject_names": {str(code): name for code, name in REJECT_NAMES.items()},
             "styles": {**{str(code): style for code, style in CLIP_STYLES.items()}, "rejected": REJECTED_STYLE}}
 
 

@@ -50,7 +50,7 @@ def test_token_inspector_in_a_browser_escapes_tokens_and_updates_live(tmp_path):
     writer.log_step(0, **synthetic_step(0, 2, 2, 10, 1, rng, hostile=True))
     writer.flush()  # log_step returns before the writer thread has written the step
     tokens = RunReader(tmp_path).sql(
-        "SELECT position, token_text FROM tokens WHERE run = 'hostile' AND step = 0 AND rollout_id = 0 "
+        "SELECT position, token_text, advantage FROM tokens WHERE run = 'hostile' AND step = 0 AND rollout_id = 0 "
         "ORDER BY position"
     )
     assert HOSTILE_TOKEN in tokens["token_text"].tolist()
@@ -72,7 +72,11 @@ def test_token_inspector_in_a_browser_escapes_tokens_and_updates_live(tmp_path):
             assert as_displayed(HOSTILE_TOKEN) in shown
             assert page.locator(".pl-tokens img").count() == 0
             hostile = page.locator("span.pl-token", has_text="onerror").first
-            assert HOSTILE_TOKEN in hostile.get_attribute("title")
+            # Its hover text, written by the page from the position, the text and a value per column
+            position, _, advantage = tokens[tokens["token_text"] == HOSTILE_TOKEN].iloc[0]
+            hover = hostile.get_attribute("title").split("\n")
+            assert hover[0] == f"#{position}  {HOSTILE_TOKEN!r}"
+            assert f"advantage: {advantage:.4g}" in hover[1:]
 
             # Live: a new step of the running run shows up by itself (the page follows the newest step).
             writer.log_step(1, **synthetic_step(1, 2, 2, 10, 1, rng))

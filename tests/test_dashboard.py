@@ -111,7 +111,8 @@ def drawn_figures(at: AppTest) -> dict[str, dict]:
 
 def shown_tokens(at: AppTest) -> dict:
     """What the Token inspector's token component (dashboard.token_view) was given: by token its `position`,
-    `text` (whitespace made visible), `colour`, `clip`, `rejected` and hover `title`."""
+    `text` (whitespace made visible), `colour`, `clip`, `rejected` and hover `heading`; the hover values by column
+    (`hover`: names and values)."""
     [element] = [e for e in at.get("bidi_component") if e.proto.component_name.endswith("policylens_tokens")]
     return json.loads(element.proto.json)
 
@@ -795,7 +796,7 @@ def test_token_inspector_shows_a_critic_runs_advantage_as_its_loss_used_it(train
     assert "advantage (as the loss used it)" in body
     assert any("whitened" in c.value and "as the PPO loss used it" in c.value for c in at.caption)
     spans = shown_tokens(at)
-    shown = [float(re.search(r"^advantage: (\S+)$", t, re.M).group(1)) for t in spans["title"]]
+    shown = [float(v) for v in spans["hover"]["values"][spans["hover"]["names"].index("advantage")]]
     np.testing.assert_allclose(shown, whitened.to_numpy(), rtol=1e-3, atol=1e-6)  # hover values are 4 digits
     # PPO-clip clips low only a token whose (whitened) advantage is negative, high only a positive one.
     clips = spans["clip"]

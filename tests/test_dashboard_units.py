@@ -232,7 +232,9 @@ def test_tokens_logged_without_position_or_text_still_render():
                            "advantage": [0.5, np.nan], "clip": pd.array([None, 2], dtype="Int8")})
     marks = token_marks(tokens)
     assert marks["position"] == [0, None] and marks["text"] == ["a", ""]
-    assert not any("None" in title or "<NA>" in title for title in marks["title"])
+    hover = [*marks["heading"], *(value for values in marks["hover"]["values"] for value in values)]
+    assert not any("None" in text or "<NA>" in text for text in hover)
+    assert marks["hover"] == {"names": ["advantage"], "values": [["0.5", "–"]]}
 
 
 def test_reasoning_steps_of_an_outcome_supervised_run_show_raw_rewards_without_nan():
