@@ -118,13 +118,8 @@ def rollout_total_weights(logs_dir: str, run: str, step: int) -> pd.DataFrame:
     return data.rollout_total_weights(get_reader(logs_dir), run, step)
 
 
-@st.cache_data(ttl=STEP_TTL, show_spinner=False)
-def tokens_at_update(logs_dir: str, run: str, step: int, rollout_ids: tuple[int, ...], update: int) -> pd.DataFrame:
-    return data.tokens_at_update(get_reader(logs_dir), run, step, rollout_ids, update)
-
-
 def weighed_tokens(logs_dir: str, run: str, step: int, rollout_ids: tuple[int, ...], update: int) -> pd.DataFrame:
-    """`tokens_at_update` with only what the objectives read (`data.WEIGHED_COLUMNS`), not cached: the Algorithm
+    """`data.tokens_at_update` with only what the objectives read (`data.WEIGHED_COLUMNS`), not cached: the Algorithm
     weighting page caches what it computes from them, and a whole step of long completions is hundreds of MB."""
     return data.tokens_at_update(get_reader(logs_dir), run, step, rollout_ids, update, data.WEIGHED_COLUMNS)
 

@@ -737,7 +737,7 @@ def test_pages_that_only_read_the_log_start_without_torch(trained):
 def test_step_queries_on_hand_made_passes(tmp_path):
     """Rollouts used by different passes (mini-batches), one pass logging no gradient weight: the one-rollout and
     per-rollout queries (bounded by a rollout-id range for row-group pruning) return exactly these rows."""
-    from dashboard import queries
+    from dashboard import data, queries
     from engine.runlog import RunWriter
 
     # rollout 0: passes 0 and 2; rollout 1: pass 1; rollout 2: passes 0 and 1 (no grad_weight in pass 1)
@@ -762,9 +762,10 @@ def test_step_queries_on_hand_made_passes(tmp_path):
     assert totals["rollout_id"].tolist() == [0, 1, 2]
     assert totals["total_weight"].tolist()[:2] == [2 + 2.5, 11 + 11.5]  # the last pass that used each rollout
     assert pd.isna(totals["total_weight"].iloc[2])  # its last pass logged no weight: not the earlier pass's
-    last = queries.tokens_at_update(logs, "hand", 0, (0, 2), -1)
+    reader = queries.get_reader(logs)
+    last = data.tokens_at_update(reader, "hand", 0, (0, 2), -1)
     assert last["token_text"].tolist() == list("abef") and last["pass"].tolist() == [2, 2, 1, 1]
-    first = queries.tokens_at_update(logs, "hand", 0, (1,), 0)
+    first = data.tokens_at_update(reader, "hand", 0, (1,), 0)
     assert first["token_text"].tolist() == list("cd") and first["pass"].tolist() == [1, 1]
     in_pass_0 = queries.rollout_tokens(logs, "hand", 0, (0, 2), 0)
     np.testing.assert_allclose(in_pass_0["ratio"], [1.0, 1.0, 1.02, 1.02], rtol=1e-7)  # stored as float32

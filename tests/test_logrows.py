@@ -69,7 +69,7 @@ def _passes(batch: Batch, algo: str):
 
 @pytest.mark.parametrize("algo", ["gspo", "grpo"])
 def test_a_batch_written_as_rows_reads_back_as_the_same_tensors(tmp_path, algo):
-    from dashboard.queries import tokens_at_update
+    from dashboard.queries import weighed_tokens
 
     tokenizer = _tokenizer()
     batch = _batch(tokenizer)
@@ -81,7 +81,7 @@ def test_a_batch_written_as_rows_reads_back_as_the_same_tensors(tmp_path, algo):
         log.log_step(1, metrics=step_metrics(step_totals(batch, records, cfg.group_size), records, None,
                                            algo=cfg.algo, lr=cfg.lr, groups_kept=cfg.prompts_per_step), **tables)
 
-    rows = tokens_at_update(str(tmp_path), "round-trip", 1, (0, 1, 2, 3), 0)  # what the weighting page reads
+    rows = weighed_tokens(str(tmp_path), "round-trip", 1, (0, 1, 2, 3), 0)  # what the weighting page reads
     logged = batch_from_tokens(rows)
 
     n = max(LENGTHS)  # the log has no padding: the tensors come back (B, longest completion)
