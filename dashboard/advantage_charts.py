@@ -120,7 +120,8 @@ def prm_advantage_line(bins: pd.DataFrame, prm_steps: pd.DataFrame, tokens: pd.D
     starts, ends = located["first_pos"].to_numpy(dtype=float), located["last_pos"].to_numpy(dtype=float)
     at = np.searchsorted(starts, first, side="right") - 1  # the last step starting at or before the bin
     inside = (at >= 0) & (first <= ends[np.maximum(at, 0)]) if len(starts) else np.zeros(len(first), dtype=bool)
-    step_of_bin = ["<br>" + located["label"].iloc[i] if ok else "" for i, ok in zip(at, inside, strict=True)]
+    located_labels = located["label"].tolist()
+    step_of_bin = ["<br>" + located_labels[i] if ok else "" for i, ok in zip(at, inside, strict=True)]
     if (last > first).any():
         line.update(customdata=[[int(a), int(b), step] for a, b, step in zip(first, last, step_of_bin, strict=True)],
                     hovertemplate="tokens %{customdata[0]}–%{customdata[1]}<br>mean advantage %{y:.4g}"
