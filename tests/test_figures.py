@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 from pathlib import Path
 from urllib.parse import parse_qs, urlparse
 
@@ -112,6 +113,12 @@ def test_in_a_browser_the_served_plotly_draws_figures_once_in_sight_a_click_move
         # The strip is drawn; the whole completion's heatmap, further down, only once it is scrolled to.
         page.wait_for_function("document.querySelectorAll('.js-plotly-plot').length >= 1")
         page.wait_for_selector("span.pl-token")
+        # Each token's hover text is written in the page (token_spans.js): a rejected token's names its rejection,
+        # no other's does.
+        hovers = page.eval_on_selector_all("span.pl-token", "s => s.map(e => [e.dataset.rejected, e.title])")
+        struck = [title for code, title in hovers if code != "0"]
+        assert struck and all(re.search(r"^rejected: (token|sequence)$", t, re.M) for t in struck)
+        assert not any("rejected:" in title for code, title in hovers if code == "0")
         heatmap = page.locator(".policylens-figure").last
         assert heatmap.evaluate("gd => !gd._fullLayout && gd.getBoundingClientRect().top > window.innerHeight + 200")
         assert heatmap.evaluate("gd => gd.getBoundingClientRect().height") >= 300  # its place kept meanwhile
