@@ -517,7 +517,8 @@ def time_functions(logs_dir: Path, run: str, repeat: int) -> list[tuple[str, flo
     timed("group_summary", queries.group_summary, logs, run, middle)
     rollout = int(rollouts["rollout_id"].iloc[len(rollouts) // 2])
     tokens = timed("rollout_tokens (1 rollout)", queries.rollout_tokens, logs, run, middle, (rollout,), 1)
-    timed("weighed_tokens (1 rollout)", queries.weighed_tokens, logs, run, middle, (rollout,), -1)
+    timed("weighed_tokens (1 rollout)", queries.weighed_tokens, logs, run, middle, (rollout,))
+    timed("weighed_passes (1 rollout)", queries.weighed_passes, logs, run, middle, (rollout,), -1)
     timed("token_spans", token_spans, tokens, "ratio")
     timed("token_channel_heatmap figure", charts.token_channel_heatmap, tokens, list(CHANNELS))
     # The Token inspector on the run's longest completion: what it draws (bins, a window) against the whole.

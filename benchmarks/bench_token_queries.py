@@ -63,8 +63,8 @@ def main(argv: list[str] | None = None) -> int:
     queries = {
         "Token inspector: one rollout with its pass (reads token_id)":
             lambda: data.rollout_tokens(reader, RUN, step, one, None),
-        "Algorithm weighting: a whole step's objective inputs":
-            lambda: data.tokens_at_update(reader, RUN, step, rollouts, -1, columns=data.WEIGHED_COLUMNS),
+        "Algorithm weighting: a whole step's tokens": lambda: data.weighed_tokens(reader, RUN, step, rollouts),
+        "Algorithm weighting: a whole step's last update": lambda: data.weighed_passes(reader, RUN, step, rollouts, -1),
         "Mismatch: a step's sampler tokens": lambda: data.sampler_tokens(reader, RUN, step),
         "Advantages: a group's critic tokens": lambda: data.critic_tokens(reader, RUN, step, rollouts[:8]),
         "Token statistics: every step": lambda: token_data.token_stats(reader, RUN, 0, STEPS - 1, 0),

@@ -189,9 +189,6 @@ TOKEN_PASS_COLUMNS = f"""t.rollout_id, t.position, t.token_id, t.token_text, t.o
     t.advantage, t.prm_step, t.sampler_logp, t.old_logp - t.sampler_logp AS mismatch, p."pass",
     {new_logp_sql("p", "t")} AS new_logp, p.ratio, p.clip, p.grad_weight, p.token_loss, {kl_sql("p", "t")} AS kl,
     p.is_weight, p.rejected"""
-WEIGHED_COLUMNS = f"""t.rollout_id, t.position, t.old_logp, t.ref_logp, t.entropy, t.advantage,
-    {new_logp_sql("p", "t")} AS new_logp"""
-"""The columns of TOKEN_PASS_COLUMNS that `engine.logrows.batch_from_tokens` reads (the objectives' inputs)."""
 
 
 def step_rollouts(reader, run: str, step: int, kind: str | None = None) -> pd.DataFrame:
@@ -352,32 +349,58 @@ def rollout_total_weights(reader, run: str, step: int) -> pd.DataFrame:
     )
 
 
-def tokens_at_update(reader, run: str, step: int, rollout_ids: tuple[int, ...], update: int,
-                     columns: str = TOKEN_PASS_COLUMNS) -> pd.DataFrame:
-    """Tokens of some rollouts, each with the values of its `update`-th pass (0-based; -1 = its last one): `columns`
-    of the token rows `t` and pass rows `p` (TOKEN_PASS_COLUMNS, or fewer: WEIGHED_COLUMNS).
+CHOSEN_PASSES = f"""used AS (
+        SELECT DISTINCT rollout_id, "pass" FROM {PASSES} WHERE {of_rollouts()}
+    ), ranked AS (
+        SELECT rollout_id, "pass", row_number() OVER (PARTITION BY rollout_id ORDER BY "pass") - 1 AS k,
+               count(*) OVER (PARTITION BY rollout_id) AS n
+        FROM used
+    ), chosen AS (
+        SELECT rollout_id, "pass" FROM ranked WHERE k = CASE WHEN $update < 0 THEN n - 1 ELSE $update END
+    )"""
+"""Common table expressions ending in `chosen`: each rollout's `$update`-th pass (0-based; -1 = its last), of the
+rollouts of `rollouts_of_step`'s parameters. Different rollouts of a step are in different mini-batches, so "the
+same moment" for a group is the k-th time each of its rollouts was used, not one pass number."""
 
-    Different rollouts of a step are in different mini-batches, so "the same moment" for a group is the k-th time
-    each of its rollouts was used, not one pass number."""
+
+def tokens_at_update(reader, run: str, step: int, rollout_ids: tuple[int, ...], update: int) -> pd.DataFrame:
+    """Tokens of some rollouts, each with the values of its `update`-th pass (`CHOSEN_PASSES`)."""
     return reader.sql(
         f"""
-        WITH used AS (
-            SELECT DISTINCT rollout_id, "pass" FROM {PASSES} WHERE {of_rollouts()}
-        ), ranked AS (
-            SELECT rollout_id, "pass", row_number() OVER (PARTITION BY rollout_id ORDER BY "pass") - 1 AS k,
-                   count(*) OVER (PARTITION BY rollout_id) AS n
-            FROM used
-        ), chosen AS (
-            SELECT rollout_id, "pass" FROM ranked WHERE k = CASE WHEN $update < 0 THEN n - 1 ELSE $update END
-        ), passes AS (
+        WITH {CHOSEN_PASSES}, passes AS (
             SELECT p.* FROM {PASSES} p JOIN chosen c ON c.rollout_id = p.rollout_id AND c."pass" = p."pass"
             WHERE {of_rollouts("p", listed=False)}
         )
-        SELECT {columns}
-        FROM {tokens_reading(columns)} t
+        SELECT {TOKEN_PASS_COLUMNS}
+        FROM tokens t
         LEFT JOIN passes p ON p.rollout_id = t.rollout_id AND p.position = t.position
         WHERE {of_rollouts("t")}
         ORDER BY t.rollout_id, t.position
+        """,
+        rollouts_of_step(run, step, rollout_ids, update=update),
+    )
+
+
+def weighed_tokens(reader, run: str, step: int, rollout_ids: tuple[int, ...]) -> pd.DataFrame:
+    """What the objectives read of the tokens of some rollouts (`engine.logrows.batch_from_tokens`), those with a
+    position (one without has no place in a (B, T) batch), before any pass: their new log-probs at an update come
+    from `weighed_passes`."""
+    return reader.sql(
+        f"""SELECT rollout_id, position, old_logp, ref_logp, entropy, advantage FROM {TOKEN_ROWS}
+            WHERE {of_rollouts()} AND position IS NOT NULL ORDER BY rollout_id, position""",
+        rollouts_of_step(run, step, rollout_ids),
+    )
+
+
+def weighed_passes(reader, run: str, step: int, rollout_ids: tuple[int, ...], update: int) -> pd.DataFrame:
+    """The pass rows of some rollouts' `update`-th pass each (`CHOSEN_PASSES`):
+    new_logp as stored, NULL where only the ratio was (new = old + ln ratio: `engine.runlog.derived`)."""
+    return reader.sql(
+        f"""
+        WITH {CHOSEN_PASSES}
+        SELECT p.rollout_id, p.position, p.new_logp, p.ratio
+        FROM {PASSES} p JOIN chosen c ON c.rollout_id = p.rollout_id AND c."pass" = p."pass"
+        WHERE {of_rollouts("p", listed=False)}
         """,
         rollouts_of_step(run, step, rollout_ids, update=update),
     )

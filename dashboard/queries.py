@@ -118,10 +118,15 @@ def rollout_total_weights(logs_dir: str, run: str, step: int) -> pd.DataFrame:
     return data.rollout_total_weights(get_reader(logs_dir), run, step)
 
 
-def weighed_tokens(logs_dir: str, run: str, step: int, rollout_ids: tuple[int, ...], update: int) -> pd.DataFrame:
-    """`data.tokens_at_update` with only what the objectives read (`data.WEIGHED_COLUMNS`), not cached: the Algorithm
-    weighting page caches what it computes from them, and a whole step of long completions is hundreds of MB."""
-    return data.tokens_at_update(get_reader(logs_dir), run, step, rollout_ids, update, data.WEIGHED_COLUMNS)
+def weighed_tokens(logs_dir: str, run: str, step: int, rollout_ids: tuple[int, ...]) -> pd.DataFrame:
+    """`data.weighed_tokens`, not cached: the Algorithm weighting page keeps them batched (`recompute.StepInputs`)
+    and caches what it computes from them; a whole step of long completions is hundreds of MB."""
+    return data.weighed_tokens(get_reader(logs_dir), run, step, rollout_ids)
+
+
+def weighed_passes(logs_dir: str, run: str, step: int, rollout_ids: tuple[int, ...], update: int) -> pd.DataFrame:
+    """`data.weighed_passes`, not cached (as `weighed_tokens`)."""
+    return data.weighed_passes(get_reader(logs_dir), run, step, rollout_ids, update)
 
 
 @st.cache_data(ttl=STEP_TTL, show_spinner=False)

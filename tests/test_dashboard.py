@@ -356,7 +356,7 @@ def test_weighting_page_reports_what_policy_loss_computes(trained, monkeypatch):
     assert float(fractions.loc["grpo", "low"]) == pytest.approx((codes == CLIP_LOW).mean(), abs=5e-4)
     assert float(fractions.loc["grpo", "high"]) == pytest.approx((codes == CLIP_HIGH).mean(), abs=5e-4)
     # Choosing more algorithms (in any order) lists them in the registry's order, and asks only the new ones; the
-    # tokens are read at most once (none if the first view read them: `held_batches` keeps the last ones), and not
+    # tokens are read at most once (none if the first view read them: `held_inputs` keeps the last ones), and not
     # again for one more algorithm; going back to the four asks nothing.
     asked, reads = [], []
     weigh, read = recompute.weigh, queries.weighed_tokens
@@ -755,7 +755,7 @@ def test_step_queries_on_hand_made_passes(tmp_path):
         writer.log_step(0, rollouts={"rollout_id": [0, 1, 2], "length": [2, 2, 2], "advantage": [1.0, -1.0, 0.5],
                                      "kind": ["train"] * 3},
                         tokens={"rollout_id": [0, 0, 1, 1, 2, 2], "position": [0, 1] * 3,
-                                "token_text": list("abcdef")},
+                                "token_text": list("abcdef"), "old_logp": [-1.0, -1.0, -2.0, -2.0, None, None]},
                         token_passes=passes)
     logs = str(tmp_path)
     totals = queries.rollout_total_weights(logs, "hand", 0)
@@ -773,6 +773,22 @@ def test_step_queries_on_hand_made_passes(tmp_path):
     assert not_in_pass["token_text"].tolist() == ["c", "d"] and not_in_pass["ratio"].isna().all()
     assert queries.update_count(logs, "hand", 0, (0, 1)) == 2
     assert queries.rollout_passes(logs, "hand", 0, 2) == [0, 1]
+    # What Algorithm weighting reads once for every update: each token's new log-prob is its old one + ln(ratio) of
+    # its rollout's k-th pass, the old one for a rollout without a k-th pass; rollout 2 logged no old log-prob, so
+    # neither is known (0, as the one-update query reads it).
+    import torch
+
+    from dashboard import recompute
+
+    inputs = recompute.StepInputs(data.weighed_tokens(reader, "hand", 0, (0, 1, 2)))
+    by_hand = {0: [-1 + np.log(1.0), -2 + np.log(1.11), 0.0], 1: [-1 + np.log(1.2), -2.0, 0.0],
+               -1: [-1 + np.log(1.2), -2 + np.log(1.11), 0.0]}  # rollouts 0, 1, 2
+    for update, logp in by_hand.items():
+        batch = inputs.at_update(update, lambda k: data.weighed_passes(reader, "hand", 0, (0, 1, 2), k))
+        np.testing.assert_allclose(batch.logp.numpy(), np.repeat([logp], 2, axis=0).T, rtol=0, atol=1e-6)
+        read = recompute.batch_from_tokens(data.tokens_at_update(reader, "hand", 0, (0, 1, 2), update))
+        torch.testing.assert_close(batch.logp, read.logp, rtol=0, atol=0)
+    assert batch.mask.tolist() == [[1.0, 1.0]] * 3 and batch.rollout_ids == [0, 1, 2]
 
 
 def test_token_inspector_shows_a_critic_runs_advantage_as_its_loss_used_it(trained_ppo, trained, monkeypatch):
@@ -1049,36 +1065,39 @@ def test_token_statistics_computes_the_other_position_splits_ahead_so_choosing_o
 
 
 def test_weighting_computes_the_other_update_ahead_so_choosing_it_reads_nothing(trained, monkeypatch, prefetching):
-    """Algorithm weighting opens on the last update of a run that made two (two epochs): its server also weighs the
-    same tokens at the first one, so that choosing it in the picker reads no token and shows what a fresh visit
-    computes."""
+    """Algorithm weighting opens on the last update of a run that made two (two epochs): its server also reads the
+    first update's log-probs and weighs the same tokens with them, so that choosing it in the picker reads nothing,
+    asks no objective, and shows what a fresh visit computes."""
     import streamlit as st
 
-    from dashboard import data
+    from dashboard import data, recompute
 
     logs_dir, run = trained
     step = last_step(logs_dir, run)
     st.cache_data.clear()
     st.cache_resource.clear()
-    read_updates = []
-    tokens_at_update = data.tokens_at_update
-    monkeypatch.setattr(data, "tokens_at_update", lambda r, run, s, ids, update, *a: read_updates.append(update)
-                        or tokens_at_update(r, run, s, ids, update, *a))
+    tokens_read, updates_read, weighed = [], [], []
+    weighed_tokens, weighed_passes, weigh = data.weighed_tokens, data.weighed_passes, recompute.weigh
+    monkeypatch.setattr(data, "weighed_tokens", lambda *a: tokens_read.append(a[2]) or weighed_tokens(*a))
+    monkeypatch.setattr(data, "weighed_passes", lambda *a: updates_read.append(a[4]) or weighed_passes(*a))
+    monkeypatch.setattr(recompute, "weigh", lambda *a, **k: weighed.append(a[1]) or weigh(*a, **k))
     at = open_page(logs_dir, "algorithm_weighting", monkeypatch, run=run, step=step)
     assert at.selectbox(key="weigh_update").options == ["epoch 1 of 2", "epoch 2 of 2"]
     assert at.selectbox(key="weigh_update").value == 1
     assert prefetching.settled(timeout=120)
-    assert 0 in read_updates  # the first update's log-probs, read in advance
-    read_updates.clear()
+    assert 0 in updates_read  # the first update's log-probs, read in advance
+    tokens_read.clear()
+    updates_read.clear()
+    weighed.clear()
     at.selectbox(key="weigh_update").set_value(0).run()
     assert not at.exception
-    assert read_updates == []
+    assert tokens_read == [] and updates_read == [] and weighed == []
     shown = plotly_spec(at, "total_weight_vs_length")
     st.cache_data.clear()
     st.cache_resource.clear()
     fresh = open_page(logs_dir, "algorithm_weighting", monkeypatch, run=run, step=step)
     fresh.selectbox(key="weigh_update").set_value(0).run()
-    assert read_updates, "the fresh visit read the first update's log-probs"
+    assert updates_read, "the fresh visit read the first update's log-probs"
     assert plotly_spec(fresh, "total_weight_vs_length")["data"] == shown["data"]
 
 

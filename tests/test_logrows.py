@@ -7,7 +7,7 @@ import pytest
 import torch
 from conftest import tiny_config
 
-from engine.logrows import batch_from_tokens, pass_record, step_metrics, step_tables, step_totals
+from engine.logrows import pass_record, step_metrics, step_tables, step_totals
 from engine.objectives import CLIP_HIGH, CLIP_LOW, policy_loss
 from engine.rollout import Batch, Rollout, TokenText
 from engine.runlog import RunWriter
@@ -69,7 +69,8 @@ def _passes(batch: Batch, algo: str):
 
 @pytest.mark.parametrize("algo", ["gspo", "grpo"])
 def test_a_batch_written_as_rows_reads_back_as_the_same_tensors(tmp_path, algo):
-    from dashboard.queries import weighed_tokens
+    from dashboard.queries import weighed_passes, weighed_tokens
+    from dashboard.recompute import StepInputs
 
     tokenizer = _tokenizer()
     batch = _batch(tokenizer)
@@ -81,8 +82,8 @@ def test_a_batch_written_as_rows_reads_back_as_the_same_tensors(tmp_path, algo):
         log.log_step(1, metrics=step_metrics(step_totals(batch, records, cfg.group_size), records, None,
                                            algo=cfg.algo, lr=cfg.lr, groups_kept=cfg.prompts_per_step), **tables)
 
-    rows = weighed_tokens(str(tmp_path), "round-trip", 1, (0, 1, 2, 3), 0)  # what the weighting page reads
-    logged = batch_from_tokens(rows)
+    key = (str(tmp_path), "round-trip", 1, (0, 1, 2, 3))  # what the weighting page reads, at the first update
+    logged = StepInputs(weighed_tokens(*key)).at_update(0, lambda update: weighed_passes(*key, update))
 
     n = max(LENGTHS)  # the log has no padding: the tensors come back (B, longest completion)
     assert logged.rollout_ids == [0, 1, 2, 3]

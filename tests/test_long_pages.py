@@ -365,9 +365,9 @@ def test_weighting_computes_the_next_step_ahead_so_moving_there_recomputes_nothi
     st.cache_data.clear()
     st.cache_resource.clear()
     asked, weighed = [], []
-    tokens_at_update, weigh = data.tokens_at_update, recompute.weigh
-    monkeypatch.setattr(data, "tokens_at_update", lambda r, run, step, *a, **k: asked.append(step) or
-                        tokens_at_update(r, run, step, *a, **k))
+    weighed_tokens, weigh = data.weighed_tokens, recompute.weigh
+    monkeypatch.setattr(data, "weighed_tokens", lambda r, run, step, *a: asked.append(step) or
+                        weighed_tokens(r, run, step, *a))
     monkeypatch.setattr(recompute, "weigh", lambda *a, **k: weighed.append(a[1]) or weigh(*a, **k))
     at = open_page(logs, "algorithm_weighting", monkeypatch, run=RUN, step=0)
     at.radio(key="weigh_scope").set_value("the whole step").run()

@@ -80,38 +80,41 @@ knob_table = st.data_editor(  # keyed by the choice: edited knobs belong to the 
 )
 
 
-def read_batch(logs: str, run: str, step: int, rollout_ids: tuple, update: int):
-    """The Batch (engine.logrows) of the tokens with a position, or None without any (float32: about 100 MB for
-    256 completions of up to 16k tokens)."""
-    tokens = queries.weighed_tokens(logs, run, step, rollout_ids, update)
-    tokens = tokens[tokens["position"].notna()]  # a token logged without its position has no place in (B, T)
-    return None if tokens.empty else recompute.batch_from_tokens(tokens, float32=True)
+def read_inputs(logs: str, run: str, step: int, rollout_ids: tuple) -> recompute.StepInputs | None:
+    """The tokens, batched (float32: about 100 MB for 256 completions of up to 16k tokens), or None without any."""
+    tokens = queries.weighed_tokens(logs, run, step, rollout_ids)
+    return None if tokens.empty else recompute.StepInputs(tokens, float32=True)
 
 
 @st.cache_resource(show_spinner=False)
-def held_batches() -> prefetch.LastInputs:
-    """The Batch the page weighed last and the one a guess read last (one of each in the whole server, shared, not
-    copied: nothing modifies them): editing a knob or adding an algorithm weighs the same tokens again, and moving
-    to a guessed view takes the guess's (reading and batching a step of long completions: about 0.3 s)."""
+def held_inputs() -> prefetch.LastInputs:
+    """The tokens the page weighed last and those a guess read last (one of each in the whole server, shared, not
+    copied: nothing modifies them): editing a knob, adding an algorithm or choosing another update weighs the same
+    tokens again, and moving to a guessed view takes the guess's (reading and batching a step of long completions:
+    about 0.4 s)."""
     return prefetch.LastInputs(ttl=queries.STEP_TTL)
 
 
 class StepTokens:
     """The objectives' inputs for the chosen tokens (run, step, rollouts, update), asked for only when some answer
     is not cached: the answers (`weighed_tokens`, `weigh_one`) are kilobytes, kept per tokens and knobs; the tokens
-    themselves, hundreds of MB for a whole step of long completions, only the last ones (`held_batches`)."""
+    themselves, hundreds of MB for a whole step of long completions, only the last ones (`held_inputs`)."""
 
     def __init__(self, logs: str, run: str, step: int, rollout_ids: tuple, update: int):
-        self.key = (logs, run, step, rollout_ids, update)
+        self.key = (logs, run, step, rollout_ids)
+        self.update = update
 
+    @functools.cached_property
     def batch(self):
-        """The Batch (engine.logrows) of the tokens with a position, or None without any."""
-        return held_batches().get(self.key, lambda: read_batch(*self.key))
+        """The Batch (engine.logrows) of the tokens at the update, or None without any."""
+        inputs = held_inputs().get(self.key, lambda: read_inputs(*self.key))
+        return None if inputs is None else inputs.at_update(
+            self.update, functools.partial(queries.weighed_passes, *self.key))
 
     @functools.cached_property
     def sample(self) -> np.ndarray:
         """The flat indices of the tokens every algorithm's scatter shows (the same for all)."""
-        return recompute.sample_positions(self.batch().mask.numpy() > 0, MAX_SCATTER_POINTS)
+        return recompute.sample_positions(self.batch.mask.numpy() > 0, MAX_SCATTER_POINTS)
 
 
 # Both keyed by what identifies the tokens rather than by the tokens themselves (`_tokens` is not hashed): hashing a
@@ -120,7 +123,7 @@ class StepTokens:
 def weighed_tokens(logs: str, run: str, step: int, rollout_ids: tuple, update: int, _tokens: StepTokens):
     """(rollout ids (B,), tokens logged per completion (B,), the sampled tokens' advantages, the largest |advantage|,
     the heatmaps' bin width and centres), or None without tokens."""
-    batch = _tokens.batch()
+    batch = _tokens.batch
     if batch is None:
         return None
     on = batch.mask.numpy() > 0  # (B, T)
@@ -134,7 +137,7 @@ def weigh_one(logs: str, run: str, step: int, rollout_ids: tuple, update: int, a
               whitening: tuple | None, _tokens: StepTokens):
     """(WeighedForCharts, None) of one algorithm with its knobs on the tokens, or (None, why it refused them).
     One algorithm a call: adding an algorithm or editing one's knobs asks only that one again."""
-    batch = _tokens.batch()
+    batch = _tokens.batch
     try:
         own = recompute.whitened(batch, *whitening) if whitening and uses_critic(algo) else batch
         weighting = recompute.weigh(own, algo, dict(overrides))
