@@ -31,11 +31,20 @@ WIDGETS = ("stSelectbox", "stMultiSelect", "stSlider", "stRadio", "stCheckbox", 
 """Streamlit's test ids of the widgets a page can show (a `stDataFrame` counts when it has editable cells)."""
 
 # Installed before any script of the page: the time of the latest change to the document, and of the latest key
-# pressed (the moment of a keyboard action, after the driver found and focused its widget).
+# pressed (the moment of a keyboard action, after the driver found and focused its widget). A change inside a
+# <canvas> does not count: a canvas's content is its fallback, never shown where canvases are drawn. There the table
+# widget (glide-data-grid) keeps an accessible copy of its cells, which it rewrites about 250 ms after drawing them.
 WATCH_MUTATIONS = """
 window.__lastChange = performance.now();
-new MutationObserver(() => { window.__lastChange = performance.now(); })
-    .observe(document, {subtree: true, childList: true, attributes: true, characterData: true});
+{
+  const shown = (record) => {
+    const node = record.type === 'attributes' ? record.target.parentElement
+        : record.target.nodeType === Node.ELEMENT_NODE ? record.target : record.target.parentElement;
+    return !node?.closest('canvas');
+  };
+  new MutationObserver((records) => { if (records.some(shown)) window.__lastChange = performance.now(); })
+      .observe(document, {subtree: true, childList: true, attributes: true, characterData: true});
+}
 document.addEventListener("keydown", () => { window.__lastKey = performance.now(); }, true);
 """
 
