@@ -24,12 +24,12 @@ from engine.runlog.derived import STORED, TOKEN_ROWS, kl_sql, new_logp_sql
 READER_MEMORY_LIMIT = "1GB"
 
 
-def open_reader(logs_dir: str):
+def open_reader(logs_dir: str, gives_way=None):
     """A read-only reader of a logs folder (reading statements only, no file outside the logs folder, see
-    `engine.runlog.RunReader`)."""
+    `engine.runlog.RunReader`, as its `gives_way`)."""
     from engine.runlog import RunReader
 
-    return RunReader(logs_dir, memory_limit=READER_MEMORY_LIMIT)
+    return RunReader(logs_dir, memory_limit=READER_MEMORY_LIMIT, gives_way=gives_way)
 
 
 # ---------------------------------------------------------------- shared fragments

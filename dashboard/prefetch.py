@@ -8,8 +8,9 @@ computed is only what the caches keep anyway, so a guess that goes unused costs 
 
 The thread gives way to the user: it starts a guess only once no script has run (in any session) for `QUIET_S`,
 the time the browser takes to draw what the script sent, and a newer page's request replaces one not started. A
-guess under way stops at its next `give_way` (its work calls it between its cached calls) when a script starts:
-it is done again later, what it finished found in the caches, unless a newer request replaced its own. A guess
+guess under way stops at its next `give_way` (its work calls it between its cached calls) when a script starts,
+and at once when a page asks for the reader while the guess's query runs (the query is interrupted): it is done
+again later, what it finished found in the caches, unless a newer request replaced its own. A guess
 whose work fails is left to the page, which reports the error when it asks itself. No Streamlit calls here: what
 `work` calls runs outside any session (cached functions only).
 """
@@ -21,6 +22,8 @@ import threading
 import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any, TypeVar
+
+import duckdb
 
 SCRIPT_THREAD = "ScriptRunner.scriptThread"
 """The name Streamlit gives the thread of a script run (streamlit.runtime.scriptrunner.script_runner): one lives
@@ -78,11 +81,17 @@ class GaveWay(Exception):
     """Raised by `give_way`: the guess under way stopped for a user's script."""
 
 
+def guessing() -> bool:
+    """Whether the calling thread is the one that makes the guesses (the dashboard's reader interrupts its queries
+    when a page asks for the reader: `engine.runlog.RunReader`'s `gives_way`)."""
+    return threading.current_thread().name == THREAD
+
+
 def give_way() -> None:
     """For a guess's work to call between its steps: raises GaveWay (on the prefetch thread only) when some
     session's script is running, so that the user's page has the cores; the guess is done again later, its finished
     steps found in the caches. Does nothing in any other thread (a page calling the same function)."""
-    if threading.current_thread().name == THREAD and script_running():
+    if guessing() and script_running():
         raise GaveWay
 
 
@@ -101,7 +110,7 @@ class LastInputs:
 
     def get(self, key, read: Callable[[], Any]):
         """The value of `key`: a held one, else `read()` (kept as the page's or as the guess's, by the thread)."""
-        holder = "guess" if threading.current_thread().name == THREAD else "page"
+        holder = "guess" if guessing() else "page"
         with self._lock:
             reading = self._reading.setdefault(key, threading.Lock())
         with reading:
@@ -183,7 +192,7 @@ def _serve() -> None:
         number, work, guess = _next_guess()
         try:
             work(guess)
-        except GaveWay:
+        except (GaveWay, duckdb.InterruptException):  # gave way between its steps, or a page stopped its query
             _put_back(number, work, guess)
         except Exception:  # the page asks again when the user gets there, and shows what fails
             _log.debug("prefetching %r failed", guess, exc_info=True)

@@ -28,8 +28,9 @@ STEP_TTL = 600
 
 @st.cache_resource(show_spinner=False)
 def get_reader(logs_dir: str):
-    """One reader per logs folder, shared by all sessions (see `dashboard.data.open_reader`)."""
-    return data.open_reader(logs_dir)
+    """One reader per logs folder, shared by all sessions (see `dashboard.data.open_reader`). A page's query does
+    not wait for a guess's (`dashboard.prefetch`): it stops it, and the guess is made again later."""
+    return data.open_reader(logs_dir, gives_way=prefetch.guessing)
 
 
 def sql(logs_dir: str, query: str, params: list | dict | None = None) -> pd.DataFrame:

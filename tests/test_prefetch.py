@@ -224,3 +224,34 @@ def test_a_guess_looping_over_chunks_stops_within_one_chunk_of_a_script_starting
     assert prefetch.settled(timeout=SETTLE_S)
     assert done == [(3, 0), (3, 1)] + [(3, chunk) for chunk in range(5)]  # done again, whole, after the script
     assert list(prefetch.giving_way("ab")) == ["a", "b"]  # outside the prefetch thread: the items, nothing else
+
+
+@pytest.mark.usefixtures("prefetching")
+def test_a_pages_query_stops_a_guesss_query_at_once_and_the_guess_is_made_again(tmp_path):
+    """The dashboard's reader interrupts a guess's query when a page asks for the reader: the page does not wait
+    for it, and the guess is made again once the page is done."""
+    import duckdb
+
+    from engine.runlog import RunReader
+
+    reader = RunReader(tmp_path, gives_way=prefetch.guessing)
+    calls, done, stopped = [], [], []
+
+    def work(guess):
+        calls.append(guess)
+        if len(calls) == 1:  # about ten seconds of work on two cores, unless a page's query stops it
+            try:
+                reader.sql("SELECT sum(i) FROM range(20000000000) t(i)")
+            except duckdb.InterruptException:
+                stopped.append(guess)
+                raise
+        done.append(guess)
+
+    prefetch.ahead(work, [5])
+    deadline = time.monotonic() + SETTLE_S
+    while not done and time.monotonic() < deadline:  # the page's queries, until one met the guess's
+        assert reader.sql("SELECT 42 AS answer")["answer"].tolist() == [42]
+        time.sleep(0.05)
+    assert prefetch.settled(timeout=SETTLE_S)
+    assert (calls, stopped, done) == ([5, 5], [5], [5])
+    assert reader.sql("SELECT 43 AS answer")["answer"].tolist() == [43]  # the connection still answers

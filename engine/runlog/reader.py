@@ -139,11 +139,14 @@ class RunReader:
     neither installed nor loaded, and that configuration is locked). `unsafe=True` lifts all of it (a full
     DuckDB shell; the tables are restored by the next query if a statement dropped or replaced them).
     `tables` limits the files checked and read to some tables (the others are empty): opening is then cheaper.
-    Thread-safe: calls are serialised by a lock.
+    Thread-safe: calls are serialised by a lock. `gives_way`: whether the calling thread's queries give way to the
+    others' (work done ahead of a user, such as the dashboard's guesses): a query of such a thread is interrupted
+    (it raises duckdb.InterruptException) when another thread asks for the reader, which then does not wait for it.
     """
 
     def __init__(self, logs_dir: str | os.PathLike, runs: str | Iterable[str] | None = None, unsafe: bool = False,
-                 memory_limit: str | None = None, tables: Iterable[str] | None = None):
+                 memory_limit: str | None = None, tables: Iterable[str] | None = None,
+                 gives_way: Callable[[], bool] | None = None):
         # Absolute, so that the folders DuckDB may read and the paths in the views are written the same way.
         self.logs_dir = Path(os.path.abspath(logs_dir))
         if isinstance(runs, str):
@@ -162,6 +165,9 @@ class RunReader:
             self.tables += (VOCABULARY_TABLE,)  # and the run's vocabulary the token rows (see `_view_sql`)
         self.problems: list[str] = []
         self._lock = threading.RLock()
+        self._gives_way = gives_way
+        self._interruptible = threading.Lock()  # guards `_giving_way` and its query's interruption
+        self._giving_way = False  # the query running now is one of a thread that gives way
         self._segments: dict[str, tuple[list, list[str]]] = {}  # folder -> ([(table, path)], problems)
         self._seen_segments: set[str] = set()
         self._quarantined: dict[str, str] = {}
@@ -245,18 +251,33 @@ class RunReader:
     def _run(self, query: str, params: Any, fetch: Callable[[Any], Any], relation: bool = False) -> Any:
         """`fetch` of the query's result: its connection after `execute`, or, with `relation` (a query that only
         reads), its relation (`DuckDBPyConnection.sql`), whose Arrow output is not copied once more."""
-        with self._lock:
+        gives_way = self._gives_way is not None and self._gives_way()
+        if not self._lock.acquire(blocking=False):
+            if not gives_way:
+                with self._interruptible:
+                    if self._giving_way:  # a query that gives way holds the lock: stop it
+                        self._con.interrupt()
+            self._lock.acquire()
+        try:
             writes = self._check_statements(query)
             self.refresh()
             for attempt in range(4):
                 try:
-                    if relation and not writes:
-                        return fetch(self._con.sql(query, params=params))
-                    return fetch(self._con.execute(query, params))
+                    with self._interruptible:
+                        self._giving_way = gives_way
+                    try:
+                        if relation and not writes:
+                            return fetch(self._con.sql(query, params=params))
+                        return fetch(self._con.execute(query, params))
+                    finally:
+                        with self._interruptible:
+                            self._giving_way = False
                 except duckdb.PermissionException as err:
                     if self.unsafe:
                         raise
                     raise RunLogError(f"{str(err).splitlines()[0]}: {_READ_ONLY_RULE}") from err
+                except duckdb.InterruptException:
+                    raise  # no file to blame: the query gave way, or its caller stopped it
                 except duckdb.Error as err:
                     if attempt == 3 or not self._handle_file_error(err):
                         raise
@@ -266,6 +287,8 @@ class RunReader:
                         self._views, self._runs_rows = {}, None
                         self.refresh()
             raise AssertionError("unreachable")
+        finally:
+            self._lock.release()
 
     def _check_statements(self, query: str) -> bool:
         """Refuse anything but reading statements (see `_READ_ONLY_RULE`); in unsafe mode, say if it may write."""
