@@ -24,7 +24,7 @@ from engine.runlog.derived import STORED, TOKEN_ROWS, kl_sql, new_logp_sql
 READER_MEMORY_LIMIT = "1GB"
 
 
-def open_reader(logs_dir: str, gives_way=None):
+def open_reader(logs_dir: str, gives_way: Callable[[], bool] | None = None):
     """A read-only reader of a logs folder (reading statements only, no file outside the logs folder, see
     `engine.runlog.RunReader`, as its `gives_way`)."""
     from engine.runlog import RunReader

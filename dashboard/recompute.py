@@ -30,8 +30,7 @@ if TYPE_CHECKING:
 __all__ = ["IMPOSSIBLE", "KNOBS", "SCHEMES", "CorrectionEffect", "StepInputs", "WeighedForCharts", "Weighting",
            "advantage_schemes", "author_knobs", "batch_from_tokens", "binned", "binned_columns", "chunked_effects",
            "clip_fraction_row", "clip_region", "column_bins", "correction_effects", "correction_table", "for_charts",
-           "length_chunks", "process_sandbox", "row_local", "sample_positions", "weigh",
-           "weight_curves", "whitened"]
+           "length_chunks", "process_sandbox", "row_local", "sample_positions", "weigh", "weight_curves", "whitened"]
 
 KNOBS = ("eps_low", "eps_high", "beta")
 

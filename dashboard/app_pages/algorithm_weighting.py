@@ -91,7 +91,7 @@ def held_inputs() -> prefetch.LastInputs:
     """The tokens the page weighed last and those a guess read last (one of each in the whole server, shared, not
     copied: nothing modifies them): editing a knob, adding an algorithm or choosing another update weighs the same
     tokens again, and moving to a guessed view takes the guess's (reading and batching a step of long completions:
-    about 0.4 s)."""
+    0.2-0.4 s)."""
     return prefetch.LastInputs(ttl=queries.STEP_TTL)
 
 
@@ -202,9 +202,9 @@ def weigh_ahead(guess: tuple[int, int | None, int]) -> None:
             weigh_one(logs, run, at_step, ids, at, algo, overrides, whitened_by, tokens)
 
 
-# The same tokens at the updates next to this one (the picker above: a whole step of long completions takes ~2 s to
-# read and weigh again), the next and the previous step as shown, then, from one group, this step's whole (the other
-# choice of "Tokens of").
+# The same tokens at the updates next to this one (the picker above: a whole step of long completions takes ~0.5 s
+# to read that update's log-probs and weigh again), the next and the previous step as shown, then, from one group,
+# this step's whole (the other choice of "Tokens of").
 prefetch.ahead(weigh_ahead, [(step, group_id, u) for u in (update + 1, update - 1) if 0 <= u < updates]
                + [(s, group_id, update) for s in prefetch.neighbours(selection.steps, step)]
                + ([(step, None, update)] if group_id is not None else []))
