@@ -8,8 +8,10 @@ computed is only what the caches keep anyway, so a guess that goes unused costs 
 
 The thread gives way to the user: it starts a guess only once no script has run (in any session) for `QUIET_S`,
 the time the browser takes to draw what the script sent, and a newer page's request replaces one not started. A
-guess under way stops at its next `give_way` (its work calls it between its cached calls) when a script starts,
-and at once when a page asks for the reader while the guess's query runs (the query is interrupted): it is done
+guess under way stops at its next `give_way` (its work calls it between its cached calls) when a script is running
+or has started since the guess did (`script_started`, called by the app at the top of every run: a short script can
+start and end between two `give_way`s, and the guess then held the interpreter while the server sent that script's
+page), and at once when a page asks for the reader while the guess's query runs (the query is interrupted): it is done
 again later, what it finished found in the caches, unless a newer request replaced its own. A guess
 whose work fails is left to the page, which reports the error when it asks itself. No Streamlit calls here: what
 `work` calls runs outside any session (cached functions only).
@@ -41,6 +43,8 @@ _pending: list[tuple[int, Callable[[Any], object], list]] = []  # at most one re
 _requests = 0  # how many requests `ahead` took: the number of the newest one
 _busy = False  # the thread is inside some work
 _last_script = 0.0  # time.monotonic() when a script was last seen running
+_scripts = 0  # how many scripts `script_started` saw start
+_scripts_at_guess = 0  # `_scripts` when the guess under way started
 _thread: threading.Thread | None = None
 
 
@@ -89,10 +93,20 @@ def guessing() -> bool:
 
 def give_way() -> None:
     """For a guess's work to call between its steps: raises GaveWay (on the prefetch thread only) when some
-    session's script is running, so that the user's page has the cores; the guess is done again later, its finished
-    steps found in the caches. Does nothing in any other thread (a page calling the same function)."""
-    if guessing() and script_running():
+    session's script is running or has started since the guess did, so that the user's page has the cores and the
+    server's interpreter while it sends the page; the guess is done again later, its finished steps found in the
+    caches. Does nothing in any other thread (a page calling the same function)."""
+    if guessing() and (_scripts != _scripts_at_guess or script_running()):
         raise GaveWay
+
+
+def script_started() -> None:
+    """For the app to call first in every script run: a guess under way gives way at its next `give_way`, and the
+    next one waits `QUIET_S` from now, even when this script ends before the prefetch thread looks."""
+    global _scripts, _last_script
+    with _condition:
+        _scripts += 1
+        _last_script = time.monotonic()
 
 
 class LastInputs:
@@ -154,7 +168,7 @@ def script_running() -> bool:
 def _next_guess() -> tuple[int, Callable[[Any], object], Any]:
     """Wait for a request and for `QUIET_S` without a script run; take its next guess: (the request's number, its
     work, the guess)."""
-    global _busy, _last_script
+    global _busy, _last_script, _scripts_at_guess
     while True:
         with _condition:
             _busy = False
@@ -173,6 +187,7 @@ def _next_guess() -> tuple[int, Callable[[Any], object], Any]:
             if not guesses:
                 _pending.clear()
             _busy = True
+            _scripts_at_guess = _scripts
             return number, work, guess
 
 

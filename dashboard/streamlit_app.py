@@ -19,8 +19,10 @@ if _ROOT not in sys.path:
 
 import streamlit as st  # noqa: E402
 
-from dashboard import common, data, queries  # noqa: E402
+from dashboard import common, data, prefetch, queries  # noqa: E402
 from dashboard.app_pages import empty_state  # noqa: E402
+
+prefetch.script_started()  # a guess computing the next view ahead makes way for this run (dashboard.prefetch)
 
 LIVE_POLL_SECONDS = 3
 PAGES_DIR = Path(__file__).resolve().parent / "app_pages"

@@ -227,6 +227,28 @@ def test_a_guess_looping_over_chunks_stops_within_one_chunk_of_a_script_starting
 
 
 @pytest.mark.usefixtures("prefetching")
+def test_a_script_that_started_and_ended_between_two_chunks_still_stops_the_guess():
+    """A short script (a cached page) can run entirely while a guess computes one chunk: the guess must not go on
+    holding the interpreter while the server sends that script's page."""
+    done, at_second_chunk = [], threading.Event()
+    scripts = []
+
+    def work(step):
+        for chunk in prefetch.giving_way(range(3)):
+            done.append((step, chunk))
+            if chunk == 1 and not scripts:
+                scripts.append(time.monotonic())
+                prefetch.script_started()  # as the app's first line; no script thread is left running
+                at_second_chunk.set()
+
+    prefetch.ahead(work, [3])
+    assert at_second_chunk.wait(SETTLE_S)
+    assert prefetch.settled(timeout=SETTLE_S)
+    assert done == [(3, 0), (3, 1)] + [(3, chunk) for chunk in range(3)]  # stopped, then done again, whole
+    assert time.monotonic() - scripts[0] >= prefetch.QUIET_S  # not before a quiet moment after the script
+
+
+@pytest.mark.usefixtures("prefetching")
 def test_a_pages_query_stops_a_guesss_query_at_once_and_the_guess_is_made_again(tmp_path):
     """The dashboard's reader interrupts a guess's query when a page asks for the reader: the page does not wait
     for it, and the guess is made again once the page is done."""
