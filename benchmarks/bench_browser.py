@@ -369,7 +369,7 @@ def measure(logs_dir: Path, run: str, step: int, longest: tuple[int, int], repea
                             break
                         if "not changed" not in widget:  # nothing else to choose: not an interaction
                             record(results, f"{name}: {widget}", seconds)
-                            if ", from the edit's Enter" not in widget:
+                            if not widget.endswith(widgets.PARTS):  # a part of a change: timed in the browser only
                                 record(results, f"{name}: {widget}, server part",
                                        max(watch.last_message - watch.action_started, 0.0))
                         if widget == PLAY:  # stopped again, untimed: the next changes are measured without a tick
