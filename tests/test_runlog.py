@@ -588,19 +588,27 @@ def test_log_many_writes_the_files_log_step_and_compaction_write(tmp_path, monke
     expected, got = _files_of(tmp_path / "a" / "run"), _files_of(tmp_path / "b" / "run")
     assert sorted(got) == sorted(expected)
     assert any(name.startswith("chunk-000000000-000000015-") for name in got)
+    parted = set()
     for name, (rows, encodings, content) in expected.items():
         assert got[name] == (rows, encodings, content), name
-        size = runlog._row_group_rows(name.split("/")[1][: -len(".parquet")])  # 5, or 20 for per-token tables
-        if not name.endswith("rollouts.parquet"):
-            assert all(n == size for n in rows[:-1]) and 0 < rows[-1] <= size, (name, rows)
+        table = name.split("/")[1][: -len(".parquet")]
+        size = runlog._row_group_rows(table)  # 5, or 20 for per-token tables
+        # Rollouts by kind (train, eval, NULL) and the token summary by kind and bucket never share a row group, so
+        # a query for one part skips the others; the parts follow each other, each in row groups of `size` but its
+        # last.
+        columns = {"rollouts": ["kind"], "token_summary": ["kind", "bucket"]}.get(table, [])
+        bounds = np.cumsum([0, *rows])
+        values = [{tuple(r[c] for c in columns) for r in content[a:b]} for a, b in itertools.pairwise(bounds)]
+        assert all(len(v) == 1 for v in values), (name, values)
+        part = [v.pop() for v in values]
+        runs_of_parts = [key for key, _ in itertools.groupby(part)]
+        assert len(runs_of_parts) == len(set(runs_of_parts)), (name, part)  # each part in one piece
+        last_of_part = [i == len(rows) - 1 or part[i + 1] != part[i] for i in range(len(rows))]
+        assert all(n == size or (last and 0 < n <= size) for n, last in zip(rows, last_of_part, strict=True)), rows
+        if len(runs_of_parts) > 1:
+            parted.add(table)
+    assert parted == {"rollouts", "token_summary"}
     assert list_runs(tmp_path / "b")[0]["last_step"] == 22
-    # train rollouts and the others (eval, NULL) never share a row group: a query for one kind skips the other
-    for name, (rows, _, content) in expected.items():
-        if name.endswith("rollouts.parquet"):
-            bounds = np.cumsum([0, *rows])
-            groups = [{r["kind"] == "train" for r in content[a:b]} for a, b in itertools.pairwise(bounds)]
-            assert all(len(kinds) == 1 for kinds in groups), (name, groups)
-            assert all(n == 5 for n in rows[:-2]), rows  # only the last of each part is shorter
     with pytest.raises(RunLogError, match="strictly increasing"):
         RunWriter.resume(tmp_path / "b", "run").log_many([22], step_data)
 

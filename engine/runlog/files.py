@@ -24,11 +24,17 @@ _ROW_GROUP_ROWS = 32_768
 # every query (checking its statistics), which at 100M token rows (6,000 row groups of 32K) cost more than
 # decoding: one rollout's token passes took 60 ms in 32K-row groups, 17 ms in 128K-row groups.
 _TOKEN_ROW_GROUP_FACTOR = 4
-# Rows kept in row groups of their own, apart from the table's other rows: eval rollouts are a few per step, and
-# following one eval prompt across a run would otherwise decompress every train completion of the run (0.85 s
-# instead of ~0.03 s at 400 steps of 512 completions). Each row group then holds one kind, and its min/max
-# statistics let DuckDB skip the others. Within each part the rows stay in the table's sort order.
-_SEPARATE_ROW_GROUPS = {"rollouts": ("kind", "train")}
+# Tables whose rows are kept in parts, one per value of these columns, each part in row groups of its own: a row
+# group then holds one value, and its min/max statistics let DuckDB skip the others.
+# - rollouts by kind: eval rollouts are a few per step, and following one eval prompt across a run would otherwise
+#   decompress every train completion of the run (0.85 s instead of ~0.03 s at 400 steps of 512 completions).
+# - token_summary by kind and bucket: a query reads one kind at one bucket; the rows without a position split (the
+#   Token statistics page's default) are under 1% of a run's summary, and with every kind and bucket of a step in
+#   the same row groups each query decompressed the whole summary (100M token rows: the page's four queries of a
+#   step range 0.32 s, 0.085 s by parts; split by position 0.69 -> 0.5 s; docs/benchmarks.md).
+# The parts follow each other in the file in the order of their values, each in the table's sort order (the order
+# the rows came in), so the file depends only on its rows.
+_PARTS = {"rollouts": ("kind",), "token_summary": ("kind", "bucket")}
 # Strings and small integer keys repeat a lot; floats (log-probs, ratios) almost never do, and trying a
 # dictionary for them first costs time and bytes.
 # token_id too: a row group holds a few thousand distinct tokens of a vocabulary of 10^5, so dictionary indices take
@@ -65,16 +71,18 @@ def row_group_rows(table: str) -> int:
 
 class FolderWriter:
     """Writes one step or chunk folder under a ``.tmp-`` name: one Parquet file per table, sorted as given,
-    in row groups of exactly `row_group_rows` rows (the last of each part of `_SEPARATE_ROW_GROUPS` shorter)
-    whatever the sizes of the pieces added,
-    so a folder's files depend only on its rows: a chunk merged from steps, or from chunks, or written
-    directly by `RunWriter.log_many` is the same file. Memory: at most one row group per table buffered."""
+    in row groups of exactly `row_group_rows` rows (the last of each part of `_PARTS` shorter) whatever the sizes
+    of the pieces added, so a folder's files depend only on its rows: a chunk merged from steps, or from chunks, or
+    written directly by `RunWriter.log_many` is the same file. Memory: at most one row group per table buffered;
+    the rows of a table with parts wait in one Arrow file per part (lz4) until `commit` writes the parts in
+    order."""
 
     def __init__(self, data_dir: Path, rank: int, label: str):
         self.tmp = data_dir / f".tmp-{label}.rank{rank}-{uuid.uuid4().hex[:8]}"
         self.tmp.mkdir(parents=True)
         self._writers: dict[str, pq.ParquetWriter] = {}
         self._pending: dict[str, pa.Table] = {}
+        self._parts: dict[tuple[str, tuple], tuple[Path, pa.ipc.RecordBatchFileWriter]] = {}
         self._texts = pa.array([], pa.string())  # the token_vocab texts added so far
 
     def add(self, table: str, arrow: pa.Table) -> None:
@@ -83,11 +91,9 @@ class FolderWriter:
             arrow = arrow.filter(pc.invert(pc.is_in(arrow["token_text"], value_set=self._texts)))
             self._texts = pa.concat_arrays([self._texts, arrow["token_text"].combine_chunks()])
             self._add(table, arrow)
-        elif table in _SEPARATE_ROW_GROUPS:  # e.g. eval rollouts in row groups of their own, see there
-            column, value = _SEPARATE_ROW_GROUPS[table]
-            matches = pc.fill_null(pc.equal(arrow[column], value), False)
-            self._add(table, arrow.filter(matches))
-            self._add(f"{table}+", arrow.filter(pc.invert(matches)))
+        elif table in _PARTS:
+            for key, rows in _parts_of(arrow, _PARTS[table]):
+                self._part_file(table, key).write_table(rows)
         else:
             self._add(table, arrow)
 
@@ -97,17 +103,29 @@ class FolderWriter:
             if arrow is not None:
                 self.add(table, arrow)
 
-    def _add(self, bucket: str, arrow: pa.Table) -> None:
-        pending = self._pending.get(bucket)
+    def _part_file(self, table: str, key: tuple) -> pa.ipc.RecordBatchFileWriter:
+        if (table, key) not in self._parts:
+            path = self.tmp / f".{table}-part{len(self._parts)}.arrow"
+            options = pa.ipc.IpcWriteOptions(compression="lz4")
+            self._parts[table, key] = path, pa.ipc.new_file(str(path), FILE_SCHEMAS[table], options=options)
+        return self._parts[table, key][1]
+
+    def _add(self, table: str, arrow: pa.Table) -> None:
+        pending = self._pending.get(table)
         pending = arrow if pending is None else pa.concat_tables([pending, arrow])
-        size = row_group_rows(bucket.rstrip("+"))
+        size = row_group_rows(table)
         while pending.num_rows >= size:
-            self._write(bucket.rstrip("+"), pending.slice(0, size))
+            self._write(table, pending.slice(0, size))
             pending = pending.slice(size)
         # A slice keeps the whole table it was cut from alive: copy the few rows left so a step's other rows
         # are freed (a stream of steps into one chunk would otherwise hold one more step in memory).
-        self._pending[bucket] = pending.take(pa.array(range(pending.num_rows), pa.int64())) if arrow.num_rows > size \
+        self._pending[table] = pending.take(pa.array(range(pending.num_rows), pa.int64())) if arrow.num_rows > size \
             else pending
+
+    def _write_rest(self, table: str) -> None:
+        rest = self._pending.pop(table, None)
+        if rest is not None and rest.num_rows:
+            self._write(table, rest)
 
     def _write(self, table: str, rows: pa.Table) -> None:
         writer = self._writers.get(table)
@@ -118,19 +136,48 @@ class FolderWriter:
         writer.write_table(rows, row_group_size=row_group_rows(table))
 
     def commit(self, final: Path) -> None:
-        """Close the files and rename the folder into place (the moment readers see it)."""
-        for bucket, rest in self._pending.items():
-            if rest.num_rows:
-                self._write(bucket.rstrip("+"), rest)
+        """Write the parts, close the files and rename the folder into place (the moment readers see it)."""
+        for table, key in sorted(self._parts, key=lambda part: (part[0], _in_order(part[1]))):
+            path, part = self._parts.pop((table, key))
+            part.close()
+            with pa.memory_map(str(path)) as source:
+                rows = pa.ipc.open_file(source)
+                for i in range(rows.num_record_batches):
+                    self._add(table, pa.Table.from_batches([rows.get_batch(i)]))
+            self._write_rest(table)  # the part's last row group: the next part starts a new one
+            path.unlink()
+        for table in list(self._pending):
+            self._write_rest(table)
         for writer in self._writers.values():
             writer.close()
         os.rename(self.tmp, final)
 
     def abort(self) -> None:
-        for writer in self._writers.values():
+        for writer in [*self._writers.values(), *(part for _, part in self._parts.values())]:
             with contextlib.suppress(Exception):
                 writer.close()
         shutil.rmtree(self.tmp, ignore_errors=True)
+
+
+def _parts_of(rows: pa.Table, columns: tuple[str, ...]) -> list[tuple[tuple, pa.Table]]:
+    """The rows of each value of `columns` (a tuple, None for NULL), in their order."""
+    if rows.num_rows == 0:
+        return []
+    keys = rows.select(list(columns)).group_by(list(columns)).aggregate([]).to_pylist()
+    parts = []
+    for key in keys:
+        matches = None
+        for column in columns:
+            value = key[column]
+            match = pc.is_null(rows[column]) if value is None else pc.fill_null(pc.equal(rows[column], value), False)
+            matches = match if matches is None else pc.and_(matches, match)
+        parts.append((tuple(key[c] for c in columns), rows.filter(matches)))
+    return parts
+
+
+def _in_order(key: tuple) -> tuple:
+    """A part's place in its file: by its values, NULL first."""
+    return tuple((value is not None, value) for value in key)
 
 
 def write_folder(data_dir: Path, rank: int, label: str, final: Path, fill) -> None:
