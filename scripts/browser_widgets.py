@@ -331,6 +331,7 @@ def change(page, widget: dict) -> bool:
             remove = handle.locator('button[aria-label^="Remove "]')
             if not remove.count():
                 raise LookupError(f"{widget['name']} has no option to add or remove")
+            page.evaluate(LIST_OPEN)  # the list looked at; the click on a chosen option's "x" is the choice
             remove.first.click()
         page.keyboard.press("Escape")
     elif kind == "stSlider":  # one key press on its (first) thumb: right, or left from the end
