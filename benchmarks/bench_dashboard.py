@@ -553,11 +553,15 @@ def time_functions(logs_dir: Path, run: str, repeat: int) -> list[tuple[str, flo
     timed(f"rollouts_with_token ({span})", queries.rollouts_with_token, logs, run, first, last,
           str(stats["token_text"].iloc[0]), 0, None)
     bins = timed(f"entropy_bins ({span})", queries.entropy_bins, logs, (run,), first, last, 10, version)
+    timed(f"covariance_drivers ({span})", queries.covariance_drivers, logs, run, first, last, 0, version)
+    timed(f"covariance_drivers ({span}, by 8 positions)", queries.covariance_drivers, logs, run, first, last, 8,
+          version)
+    timed(f"covariance_per_step ({span})", queries.covariance_per_step, logs, run, first, last, version)
     timed("entropy_bin_bars figure", charts.entropy_bin_bars, bins, 10, queries.ASPO_ENTROPY_QUANTILE)
     timed("mismatch_curves", queries.mismatch_curves, logs, (run,), version)
     view = timed("step_mismatch (middle step)", queries.step_mismatch, logs, run, middle)
     timed("mismatch figures", lambda: [charts.mismatch_histogram(view.histogram, (0.9, 1.1)),
-                                       charts.probability_scatter(view.probabilities, view.binned),
+                                       charts.probability_scatter(view.probabilities, view.grid_cells),
                                        charts.mismatch_buckets(view.buckets), charts.sequence_mismatch(view.sequences)])
     timed("correction_table (middle step)", queries.correction_table, logs, run, middle)
     timed("correction_weights (1 group)", queries.correction_weights, logs, run, middle, group, 333)

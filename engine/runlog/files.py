@@ -31,7 +31,7 @@ _TOKEN_ROW_GROUP_FACTOR = 4
 # - token_summary by kind and bucket: a query reads one kind at one bucket; the rows without a position split (the
 #   Token statistics page's default) are under 1% of a run's summary, and with every kind and bucket of a step in
 #   the same row groups each query decompressed the whole summary (100M token rows: the page's four queries of a
-#   step range 0.32 s, 0.085 s by parts; split by position 0.69 -> 0.5 s; docs/benchmarks.md).
+#   step range 0.48 s, 0.11 s by parts; split by 8 positions 0.87 -> 0.58 s; docs/benchmarks.md).
 # The parts follow each other in the file in the order of their values, each in the table's sort order (the order
 # the rows came in), so the file depends only on its rows.
 _PARTS = {"rollouts": ("kind",), "token_summary": ("kind", "bucket")}
