@@ -375,9 +375,9 @@ def change_every_widget(page, watch: ServerWatch, skip: set[str] = frozenset()):
     edit also ("<name>, from the edit's Enter", seconds from the key press that committed the edit): the first
     figure includes the driver walking the grid's selection to the cell with arrow keys, which a person's click
     does not. For a list (selectbox, multiselect) also ("<name>, opening the list", seconds from the click to its
-    options shown) and ("<name>, from the choice", seconds from the click on the option): a person opens the list,
-    reads it, then chooses; the first figure adds both with no reading between. A change that raised a problem is
-    followed by a reload of the page, so the next widget starts from a working page."""
+    options shown) and ("<name>, from the choice", seconds from the click on the option or a chosen one's "x"): a
+    person opens the list, reads it, then chooses; the first figure adds both with no reading between. A change that
+    raised a problem is followed by a reload of the page, so the next widget starts from a working page."""
     done = set(skip)
     url = page.url
     while todo := [w for w in find_widgets(page) if w["name"] not in done]:

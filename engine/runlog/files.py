@@ -160,7 +160,7 @@ class FolderWriter:
 
 
 def _parts_of(rows: pa.Table, columns: tuple[str, ...]) -> list[tuple[tuple, pa.Table]]:
-    """The rows of each value of `columns` (a tuple, None for NULL), in their order."""
+    """(value of `columns` as a tuple, None for NULL; its rows in the order they came) for each value, in no order."""
     if rows.num_rows == 0:
         return []
     keys = rows.select(list(columns)).group_by(list(columns)).aggregate([]).to_pylist()
