@@ -10,6 +10,7 @@ import contextlib
 import os
 import shutil
 import uuid
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -73,16 +74,15 @@ class FolderWriter:
     """Writes one step or chunk folder under a ``.tmp-`` name: one Parquet file per table, sorted as given,
     in row groups of exactly `row_group_rows` rows (the last of each part of `_PARTS` shorter) whatever the sizes
     of the pieces added, so a folder's files depend only on its rows: a chunk merged from steps, or from chunks, or
-    written directly by `RunWriter.log_many` is the same file. Memory: at most one row group per table buffered;
-    the rows of a table with parts wait in one Arrow file per part (lz4) until `commit` writes the parts in
-    order."""
+    written directly by `RunWriter.log_many` is the same file. Memory: at most one row group per table buffered,
+    and per part of a table with parts, whose rows wait (`_Part`) until `commit` writes the parts in order."""
 
     def __init__(self, data_dir: Path, rank: int, label: str):
         self.tmp = data_dir / f".tmp-{label}.rank{rank}-{uuid.uuid4().hex[:8]}"
         self.tmp.mkdir(parents=True)
         self._writers: dict[str, pq.ParquetWriter] = {}
         self._pending: dict[str, pa.Table] = {}
-        self._parts: dict[tuple[str, tuple], tuple[Path, pa.ipc.RecordBatchFileWriter]] = {}
+        self._parts: dict[tuple[str, tuple], _Part] = {}
         self._texts = pa.array([], pa.string())  # the token_vocab texts added so far
 
     def add(self, table: str, arrow: pa.Table) -> None:
@@ -93,7 +93,9 @@ class FolderWriter:
             self._add(table, arrow)
         elif table in _PARTS:
             for key, rows in _parts_of(arrow, _PARTS[table]):
-                self._part_file(table, key).write_table(rows)
+                if (table, key) not in self._parts:
+                    self._parts[table, key] = _Part(self.tmp / f".{table}-part{len(self._parts)}.arrow", table)
+                self._parts[table, key].add(rows)
         else:
             self._add(table, arrow)
 
@@ -102,13 +104,6 @@ class FolderWriter:
         for table, arrow in tables.items():
             if arrow is not None:
                 self.add(table, arrow)
-
-    def _part_file(self, table: str, key: tuple) -> pa.ipc.RecordBatchFileWriter:
-        if (table, key) not in self._parts:
-            path = self.tmp / f".{table}-part{len(self._parts)}.arrow"
-            options = pa.ipc.IpcWriteOptions(compression="lz4")
-            self._parts[table, key] = path, pa.ipc.new_file(str(path), FILE_SCHEMAS[table], options=options)
-        return self._parts[table, key][1]
 
     def _add(self, table: str, arrow: pa.Table) -> None:
         pending = self._pending.get(table)
@@ -138,14 +133,9 @@ class FolderWriter:
     def commit(self, final: Path) -> None:
         """Write the parts, close the files and rename the folder into place (the moment readers see it)."""
         for table, key in sorted(self._parts, key=lambda part: (part[0], _in_order(part[1]))):
-            path, part = self._parts.pop((table, key))
-            part.close()
-            with pa.memory_map(str(path)) as source:
-                rows = pa.ipc.open_file(source)
-                for i in range(rows.num_record_batches):
-                    self._add(table, pa.Table.from_batches([rows.get_batch(i)]))
+            for rows in self._parts.pop((table, key)).pieces():
+                self._add(table, rows)
             self._write_rest(table)  # the part's last row group: the next part starts a new one
-            path.unlink()
         for table in list(self._pending):
             self._write_rest(table)
         for writer in self._writers.values():
@@ -153,10 +143,44 @@ class FolderWriter:
         os.rename(self.tmp, final)
 
     def abort(self) -> None:
-        for writer in [*self._writers.values(), *(part for _, part in self._parts.values())]:
+        for writer in [*self._writers.values(), *(part.file for part in self._parts.values() if part.file)]:
             with contextlib.suppress(Exception):
                 writer.close()
         shutil.rmtree(self.tmp, ignore_errors=True)
+
+
+class _Part:
+    """The rows of one part of a table with parts (`_PARTS`), in the order added, until `FolderWriter.commit`: held
+    in memory up to a row group's worth, then moved to an lz4 Arrow file in the folder being written (a step's few
+    rows never touch a file: that cost a step's `log_step` a third more time)."""
+
+    def __init__(self, path: Path, table: str):
+        self.path, self.table = path, table
+        self.held: list[pa.Table] = []
+        self.held_rows = 0
+        self.file: pa.ipc.RecordBatchFileWriter | None = None
+
+    def add(self, rows: pa.Table) -> None:
+        self.held.append(rows)
+        self.held_rows += rows.num_rows
+        if self.held_rows >= row_group_rows(self.table):
+            if self.file is None:
+                self.file = pa.ipc.new_file(str(self.path), FILE_SCHEMAS[self.table],
+                                            options=pa.ipc.IpcWriteOptions(compression="lz4"))
+            for piece in self.held:
+                self.file.write_table(piece)
+            self.held, self.held_rows = [], 0
+
+    def pieces(self) -> Iterator[pa.Table]:
+        """The part's rows, in the order added, a piece at a time (its file removed once read)."""
+        if self.file is not None:
+            self.file.close()
+            with pa.memory_map(str(self.path)) as source:
+                stored = pa.ipc.open_file(source)
+                for i in range(stored.num_record_batches):
+                    yield pa.Table.from_batches([stored.get_batch(i)])
+            self.path.unlink()
+        yield from self.held
 
 
 def _parts_of(rows: pa.Table, columns: tuple[str, ...]) -> list[tuple[tuple, pa.Table]]:
