@@ -196,11 +196,11 @@ def token_channel_heatmap(tokens: pd.DataFrame, channel_names: list[str]) -> go.
     """Token x channel heatmap: one row per channel, each on its own scale (same scales as the token view), one
     column per token at its position."""
     labels = [f"{p}:{_token_label(t)}" for p, t in zip(tokens["position"], tokens["token_text"], strict=True)]
-    figure = _channel_rows(tokens, channel_names, tokens["position"].tolist(), labels, "token %{customdata}")
+    figure = _channel_rows(tokens, channel_names, tokens["position"].to_numpy(dtype=float), labels,
+                           "token %{{customdata}}")
     # Ticks on whole positions only, each centred on its cell (a cell spans position ± 0.5): left to plotly, a short
     # rollout gets ticks at 0, 0.5, 1, 1.5 with cells between them.
-    bottom = max((k for k in figure.layout if k.startswith("xaxis")), key=lambda k: int(k[5:] or 1))
-    figure.layout[bottom].update(tickmode="linear", tick0=0, dtick=position_tick_step(len(tokens)))
+    figure.layout.xaxis.update(tickmode="linear", tick0=0, dtick=position_tick_step(len(tokens)))
     return figure
 
 
@@ -208,34 +208,72 @@ def token_channel_bins(bins: pd.DataFrame, channel_names: list[str]) -> go.Figur
     """Token x channel heatmap of a long completion at screen resolution: one column per bin of
     `dashboard.data.rollout_token_bins` (the mean of its tokens)."""
     centres = ((bins["first_pos"] + bins["last_pos"]) / 2).to_numpy(dtype=float)
-    width = int(bins["tokens"].max())  # no label per cell: 14 rows of them were most of the figure's bytes
-    return _channel_rows(bins, channel_names, centres, None, f"mean of the {width} tokens around %{{x:.0f}}")
+    # no label per cell: 14 rows of them were most of the figure's bytes
+    return _channel_rows(bins, channel_names, centres, None, "mean of the {width:g} tokens around %{{x:.0f}}",
+                         width=int(bins["tokens"].max()))
 
 
-def _channel_rows(frame: pd.DataFrame, channel_names: list[str], x, labels: list[str] | None,
-                  hover: str) -> go.Figure:
-    """One heatmap row per channel that `frame` has values of, at `x`; on hover `hover` (which may show the
-    cell's entry of `labels` as %{customdata}) and the value."""
+def column_runs(centres: np.ndarray, width: float = 1.0) -> list[tuple[slice, dict]]:
+    """A heatmap's columns centred at `centres` (increasing; `width`: a column's width when there is only one) as
+    plotly's x of one trace or two: [(the columns, their x attributes)]. Evenly spaced columns go as x0 + dx, which
+    plotly.js draws as one pixel per cell in an image the browser scales, where an x array that is not evenly spaced
+    is drawn cell by cell into an image of the plot's size (a 13 x 1,000 heatmap: 0.07 -> 0.04 s). A last column
+    of another width (a completion's last bin, shorter) goes apart with its own, so every cell still spans exactly
+    its tokens; columns spaced otherwise keep their x array."""
+    x = np.asarray(centres, dtype=float)
+    steps = np.diff(x)
+    if len(x) < 2 or (steps == steps[0]).all():
+        return [(slice(None), {"x0": float(x[0]) if len(x) else 0.0, "dx": float(steps[0]) if len(x) > 1 else width})]
+    last_width = 2 * (x[-1] - x[-2] - steps[0] / 2)  # from the end of the column before to the last token's end
+    if len(x) > 2 and (steps[:-1] == steps[0]).all() and 0 < last_width < steps[0]:
+        return [(slice(0, -1), {"x0": float(x[0]), "dx": float(steps[0])}),
+                (slice(-1, None), {"x0": float(x[-1]), "dx": float(last_width)})]
+    return [(slice(None), {"x": x.astype(np.float32)})]
+
+
+def text_width_px(texts, font_size: float) -> int:
+    """About how many pixels the widest of `texts` (plain, or as html.escape made them) takes in a sans-serif font
+    of `font_size`, a little over: the margin a figure keeps for them, so that plotly need not measure its labels
+    and draw the figure a second time to fit them (its `automargin`: twice the time of a heatmap's first draw)."""
+    return math.ceil(0.5 * font_size * max((len(html.unescape(str(t))) for t in texts), default=0)) + 8
+
+
+FIXED_MARGINS = {"automargin": False}
+COLOURBAR_MARGIN = 90  # pixels right of the panels for a colour bar with its title beside it
+"""An axis whose figure sets margins wide enough for its labels (`text_width_px`): the dashboard's template turns
+plotly's automargin on for every other axis."""
+
+
+def _channel_rows(frame: pd.DataFrame, channel_names: list[str], x: np.ndarray, labels: list[str] | None,
+                  hover: str, width: float = 1.0) -> go.Figure:
+    """One heatmap row per channel that `frame` has values of, at `x` (columns of `width` tokens), all on one pair
+    of axes (a panel per row took twice as long to draw); on hover `hover` (`{width}`: the column's tokens; it may
+    show the cell's entry of `labels` as %{customdata}) and the value."""
     channel_names = [c for c in channel_names if CHANNELS[c].column in frame.columns
                      and pd.to_numeric(frame[CHANNELS[c].column], errors="coerce").notna().any()]
-    n = max(1, len(channel_names))
-    grid = Subplots(n, 1, vspace=0.02 if n > 1 else 0, shared_x=True)
-    for i, name in enumerate(channel_names):
+    row_labels = [CHANNELS[name].label for name in channel_names]
+    traces = []
+    for row, name in enumerate(channel_names):
         channel = CHANNELS[name]
         values = pd.to_numeric(frame[channel.column], errors="coerce").to_numpy(dtype=float)
         low, high = channel_range(pd.Series(values), channel)
-        grid.add(i, {  # float32: plotly's binary arrays at half the bytes; the hover shows 4 digits
-            "type": "heatmap", "z": values.astype(np.float32)[None, :], "x": np.asarray(x, dtype=np.float32),
-            "y": [channel.label],
-            "zmin": low, "zmax": high, "colorscale": _scale(channel.colorscale), "showscale": False,
-            **({"customdata": [labels]} if labels is not None else {}),
-            "hovertemplate": f"{hover}<br>{channel.label} %{{z:.4g}}<extra></extra>",
-        })
-        grid.axis(i, "y").update(showticklabels=True, side="right", tickfont={"size": 11})
-        if i < n - 1:
-            grid.axis(i, "x").update(showticklabels=False)
-    grid.axis(n - 1, "x").update(title={"text": "token position"})
-    return grid.figure(height=70 + 30 * n, margin={"l": 10, "r": 150, "t": 10, "b": 40})
+        values = values.astype(np.float32)  # plotly's binary arrays at half the bytes; the hover shows 4 digits
+        for columns, at in column_runs(x, width):
+            traces.append({
+                "type": "heatmap", "z": values[None, columns], **at, "y": [row],
+                "zmin": low, "zmax": high, "colorscale": _scale(channel.colorscale), "showscale": False,
+                **({"customdata": [labels[columns]]} if labels is not None else {}),
+                "hovertemplate": hover.format(width=at.get("dx", width)) + f"<br>{channel.label} %{{z:.4g}}"
+                                                                            "<extra></extra>",
+            })
+    return go.Figure(data=traces, layout={
+        "height": 70 + 30 * max(1, len(row_labels)),
+        "margin": {"l": 10, "r": text_width_px(row_labels, 11) + 6, "t": 10, "b": 40},
+        "yaxis": {"tickmode": "array", "tickvals": list(range(len(row_labels))), "ticktext": row_labels,
+                  "range": [len(row_labels) - 0.5, -0.5], "side": "right", "tickfont": {"size": 11},
+                  "showgrid": False, "zeroline": False, **FIXED_MARGINS},
+        "xaxis": {"title": {"text": "token position"}, **FIXED_MARGINS},
+    }, _validate=False)
 
 
 def _window_outline(window: tuple[int, int]) -> dict:
@@ -261,10 +299,13 @@ def token_overview_strip(bins: pd.DataFrame, channel_name: str, window: tuple[in
     low, high = channel_range(values, channel)
     first, last = bins["first_pos"].to_numpy(dtype=float), bins["last_pos"].to_numpy(dtype=float)
     centres = (first + last) / 2
+    runs = column_runs(centres, float(bins["tokens"].max()))
     grid = Subplots(2, 1, vspace=0.04, shared_x=True)
-    grid.add(0, {"type": "heatmap", "x": centres.astype(np.float32), "y": [html.escape(channel.label)],
-                 "z": values.to_numpy(dtype=np.float32)[None, :], "zmin": low, "zmax": high, "showscale": False,
-                 "colorscale": _scale(channel.colorscale), "hoverinfo": "skip"})
+    values = values.to_numpy(dtype=np.float32)
+    for columns, at in runs:
+        grid.add(0, {"type": "heatmap", **at, "y": [html.escape(channel.label)], "z": values[None, columns],
+                     "zmin": low, "zmax": high, "showscale": False, "colorscale": _scale(channel.colorscale),
+                     "hoverinfo": "skip"})
     starts = np.arange(first.min() - first.min() % window_size, last.max() + 1, window_size)
     ends = np.minimum(starts + window_size - 1, last.max())
     grid.add(0, {"type": "scatter", "mode": "markers", "x": (starts + ends) / 2,
@@ -275,20 +316,23 @@ def token_overview_strip(bins: pd.DataFrame, channel_name: str, window: tuple[in
     # Row i holds i + 1 where the bin has that event, NaN (not drawn) elsewhere; each row gets its own colour.
     counts = np.stack([bins[name].to_numpy(dtype=float) if name in bins.columns else np.zeros(len(bins))
                        for name, _, _ in STRIP_MARKS])  # (events, bins)
-    rows = np.arange(1, len(STRIP_MARKS) + 1, dtype=float)[:, None]
+    marks = np.where(counts > 0, np.arange(1, len(STRIP_MARKS) + 1, dtype=float)[:, None], np.nan).astype(np.float32)
+    counts = np.nan_to_num(counts).astype(np.uint32)
     colours = [colour for _, _, colour in STRIP_MARKS]
-    grid.add(1, {"type": "heatmap", "x": centres.astype(np.float32), "y": [label for _, label, _ in STRIP_MARKS],
-                 "z": np.where(counts > 0, rows, np.nan).astype(np.float32),
-                 "customdata": np.nan_to_num(counts).astype(np.uint32), "zmin": 0.5, "zmax": len(STRIP_MARKS) + 0.5,
-                 "showscale": False, "xgap": 0, "ygap": 2,
-                 "colorscale": [[f / len(colours), colour] for i, colour in enumerate(colours) for f in (i, i + 1)],
-                 "hovertemplate": "around token %{x:.0f}: %{customdata} %{y}<extra></extra>"})
-    grid.axis(0, "y").update(showticklabels=False, fixedrange=True)
-    grid.axis(1, "y").update(autorange="reversed", tickfont={"size": 10}, fixedrange=True, side="right")
-    grid.axis(0, "x").update(showticklabels=False, range=[first.min() - 0.5, last.max() + 0.5])
-    grid.axis(1, "x").update(title={"text": "token position"})
+    for columns, at in runs:
+        grid.add(1, {"type": "heatmap", **at, "y": [label for _, label, _ in STRIP_MARKS], "z": marks[:, columns],
+                     "customdata": counts[:, columns], "zmin": 0.5, "zmax": len(STRIP_MARKS) + 0.5,
+                     "showscale": False, "xgap": 0, "ygap": 2,
+                     "colorscale": [[f / len(colours), colour] for i, colour in enumerate(colours) for f in (i, i + 1)],
+                     "hovertemplate": "around token %{x:.0f}: %{customdata} %{y}<extra></extra>"})
+    grid.axis(0, "y").update(showticklabels=False, fixedrange=True, **FIXED_MARGINS)
+    grid.axis(1, "y").update(autorange="reversed", tickfont={"size": 10}, fixedrange=True, side="right",
+                             **FIXED_MARGINS)
+    grid.axis(0, "x").update(showticklabels=False, range=[first.min() - 0.5, last.max() + 0.5], **FIXED_MARGINS)
+    grid.axis(1, "x").update(title={"text": "token position"}, **FIXED_MARGINS)
     grid.layout["yaxis"]["domain"], grid.layout["yaxis2"]["domain"] = [0.62, 1.0], [0.0, 0.58]
-    return grid.figure(height=170, margin={"l": 10, "r": 80, "t": 5, "b": 35}, showlegend=False,
+    return grid.figure(height=170, margin={"l": 10, "r": text_width_px([label for _, label, _ in STRIP_MARKS], 10) + 10,
+                                           "t": 5, "b": 35}, showlegend=False,
                        shapes=[_window_outline(window)], clickmode="event+select", dragmode=False)
 
 
@@ -325,27 +369,31 @@ def weight_heatmaps(weights: dict[str, np.ndarray], row_labels: list[str], centr
     """Side-by-side heatmaps of a weight (B, T) per algorithm or correction on one shared scale centred at
     `centre` (0 for gradient weights, 1 for IS weights and masks). Long completions come binned
     (`dashboard.recompute.binned_columns`): `positions`, the centre of each column's bin of `bin_width` tokens."""
-    where = _bin_hover(bin_width)
     names = list(weights)
     rows, cols = _grid(len(names), cols=3)
     spread = _spread(weights.values(), centre)
     row_height = 40 + 16 * len(row_labels)  # pixels per panel, so labels stay readable for any B
     height = rows * (row_height + 70) + 40
     grid = Subplots(rows, cols, names, hspace=0.02, vspace=70 / height)
+    width = next(iter(weights.values())).shape[1] if names else 0
+    runs = column_runs(np.arange(width, dtype=float) if positions is None else positions, bin_width)
     for i, name in enumerate(names):
         # float32: half the bytes of a whole step's heatmaps (the hover shows 3 digits); NaN (padding) travels as
         # NaN in plotly's binary arrays and leaves the cell blank.
-        grid.add(i, {
-            "type": "heatmap", "z": np.asarray(weights[name], dtype=np.float32), "y": row_labels,
-            **({} if positions is None else {"x": positions}),
-            "colorscale": _scale("RdBu"), "zmid": centre, "zmin": centre - spread, "zmax": centre + spread,
-            "showscale": i == 0, "colorbar": {"title": {"text": label, "side": "right"}, "len": 0.8},
-            "hovertemplate": _name(name) + f"<br>%{{y}} {where}<br>weight %{{z:.3g}}<extra></extra>",
-        })
-        grid.axis(i, "y").update(autorange="reversed", tickfont={"size": 10}, automargin=True,
-                                 showticklabels=i % cols == 0)
-        grid.axis(i, "x").update(tickfont={"size": 10})
-    return grid.figure(height=height, margin={"l": 10, "r": 10, "t": 30, "b": 20})
+        z = np.asarray(weights[name], dtype=np.float32)
+        for k, (columns, at) in enumerate(runs):
+            grid.add(i, {
+                "type": "heatmap", "z": z[:, columns], "y": row_labels, **at,
+                "colorscale": _scale("RdBu"), "zmid": centre, "zmin": centre - spread, "zmax": centre + spread,
+                "showscale": i == 0 and k == 0, "colorbar": {"title": {"text": label, "side": "right"}, "len": 0.8},
+                "hovertemplate": _name(name) + f"<br>%{{y}} {_bin_hover(at.get('dx', bin_width))}"
+                                               "<br>weight %{z:.3g}<extra></extra>",
+            })
+        grid.axis(i, "y").update(autorange="reversed", tickfont={"size": 10}, showticklabels=i % cols == 0,
+                                 **FIXED_MARGINS)
+        grid.axis(i, "x").update(tickfont={"size": 10}, **FIXED_MARGINS)
+    return grid.figure(height=height, margin={"l": text_width_px(row_labels, 10) + 10, "r": COLOURBAR_MARGIN,
+                                              "t": 30, "b": 20})
 
 
 def stacked_weight_heatmap(weights: dict[str, np.ndarray], row_labels: list[str], centre: float = 1.0,
@@ -355,23 +403,25 @@ def stacked_weight_heatmap(weights: dict[str, np.ndarray], row_labels: list[str]
     rows of the k-th correction, labelled "<correction> · <row label>"), on one scale centred at `centre`.
     One trace instead of a panel each: a browser draws twenty panels in 0.4-0.8 s, this in 0.15 s. Sent as float32
     (a weight needs no more digits than the hover's three); NaN (padding) leaves the cell blank."""
-    where = _bin_hover(bin_width)
     names, rows = list(weights), len(row_labels)
     z = np.concatenate([np.asarray(weights[name], dtype=np.float32) for name in names])  # (C * B, T)
     spread = _spread([z], centre)
     y = [f"{name} · {row}" for name in names for row in row_labels]  # (C * B,) one category per row
     row_px = max(5, min(16, 120 // max(rows, 1)))
+    runs = column_runs(np.arange(z.shape[1], dtype=float) if positions is None else positions, bin_width)
     return go.Figure(
         data=[{
-            "type": "heatmap", "z": z, "y": y, **({} if positions is None else {"x": positions}),
+            "type": "heatmap", "z": z[:, columns], "y": y, **at,
             "colorscale": _scale("RdBu"), "zmid": centre, "zmin": centre - spread, "zmax": centre + spread,
-            "colorbar": {"title": {"text": label, "side": "right"}, "len": 0.5},
-            "hovertemplate": f"%{{y}}<br>{where}<br>weight %{{z:.3g}}<extra></extra>"}],
+            "showscale": k == 0, "colorbar": {"title": {"text": label, "side": "right"}, "len": 0.5},
+            "hovertemplate": f"%{{y}}<br>{_bin_hover(at.get('dx', bin_width))}<br>weight %{{z:.3g}}<extra></extra>"}
+            for k, (columns, at) in enumerate(runs)],
         layout={
-            "height": len(y) * row_px + 60, "margin": {"l": 10, "r": 10, "t": 20, "b": 30},
-            "yaxis": {"autorange": "reversed", "automargin": True, "tickfont": {"size": 11},
+            "height": len(y) * row_px + 60,
+            "margin": {"l": text_width_px(names, 11) + 10, "r": COLOURBAR_MARGIN, "t": 20, "b": 40},
+            "yaxis": {"autorange": "reversed", "tickfont": {"size": 11}, **FIXED_MARGINS,
                       "tickmode": "array", "tickvals": y[rows // 2::rows], "ticktext": names},
-            "xaxis": {"tickfont": {"size": 10}, "title": {"text": "token position"}},
+            "xaxis": {"tickfont": {"size": 10}, "title": {"text": "token position"}, **FIXED_MARGINS},
             # a line between two corrections' bands (categories sit at 0, 1, ... on the axis)
             "shapes": [{"type": "line", "xref": "paper", "x0": 0, "x1": 1, "yref": "y", "y0": k * rows - 0.5,
                         "y1": k * rows - 0.5, "line": {"color": "#333", "width": 1}} for k in range(1, len(names))],

@@ -95,6 +95,26 @@ def array(field) -> np.ndarray:
     return np.asarray(field)
 
 
+def heatmap_cells(traces: list[dict]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The cells of one heatmap drawn as traces side by side (`dashboard.charts.column_runs`): its z (rows,
+    columns), each column's centre and width (NaN for columns given as an x array, whose widths plotly infers)."""
+    zs, centres, widths = [], [], []
+    for trace in traces:
+        z = array(trace["z"]).astype(float)
+        if isinstance(trace["z"], dict) and "shape" in trace["z"]:
+            z = z.reshape([int(n) for n in str(trace["z"]["shape"]).split(",")])
+        z = z.reshape(1, -1) if z.ndim == 1 else z
+        columns = z.shape[1]
+        if "x" in trace:
+            centres.append(array(trace["x"]).astype(float))
+            widths.append(np.full(columns, np.nan))
+        else:
+            centres.append(trace["x0"] + trace["dx"] * np.arange(columns))
+            widths.append(np.full(columns, float(trace["dx"])))
+        zs.append(z)
+    return np.concatenate(zs, axis=1), np.concatenate(centres), np.concatenate(widths)
+
+
 def drawn_figures(at: AppTest) -> dict[str, dict]:
     """Every plotly figure of the page, as plotly JSON by element id (which ends with its key): the components of
     `dashboard.figures.show`, and Streamlit's charts (its fallback)."""
@@ -366,7 +386,7 @@ def test_weighting_page_reports_what_policy_loss_computes(trained, monkeypatch):
     assert not at.exception
     chosen = ["grpo", "dapo", "gspo", "aspo", "cispo", "gmpo"]
     assert table(at, "algorithm", "low", "high")["algorithm"].tolist() == [a for a in ALGORITHMS if a in chosen]
-    assert len(plotly_spec(at, "weight_heatmaps")["data"]) == len(chosen)
+    assert len({trace["xaxis"] for trace in plotly_spec(at, "weight_heatmaps")["data"]}) == len(chosen)  # panels
     assert sorted(asked) == ["cispo", "gmpo"] and len(reads) <= 1
     read_before = len(reads)
     at.multiselect(key="weigh_algorithms").set_value([*chosen, "sapo"]).run()
@@ -1147,7 +1167,9 @@ def test_mismatch_correction_heatmaps_are_binned_to_the_panel(trained_prm, monke
     step = last_step(logs_dir, run)
     monkeypatch.setattr(common, "PANEL_BINS", 5)
     at = open_page(logs_dir, "mismatch", monkeypatch, run=run, step=step)
-    (heatmap,) = plotly_spec(at, "correction_heatmaps")["data"]  # every correction's band in one trace
+    traces = plotly_spec(at, "correction_heatmaps")["data"]  # every correction's band in one heatmap
+    heatmap = traces[0]
+    assert all(trace["y"] == heatmap["y"] for trace in traces)  # its columns in one trace or two
     rows = [i for i, label in enumerate(heatmap["y"]) if label.startswith("TIS token (≤ 2) · ")]
     tokens = independent(logs_dir, "tokens", "WHERE run = ? AND step = ? AND sampler_logp IS NOT NULL", [run, step])
     rollouts = [int(re.search(r"rollout (\d+)", heatmap["y"][i]).group(1)) for i in rows]
@@ -1155,8 +1177,9 @@ def test_mismatch_correction_heatmaps_are_binned_to_the_panel(trained_prm, monke
     width = math.ceil((int(tokens["position"].max()) + 1) / 5)
     weight = np.minimum(np.exp(tokens["old_logp"] - tokens["sampler_logp"]), 2.0)
     means = weight.groupby([tokens["rollout_id"].to_numpy(), (tokens["position"] // width).to_numpy()]).mean()
-    z = array(heatmap["z"]).astype(float)
+    z, _, widths = heatmap_cells(traces)
     shown = z.reshape(len(heatmap["y"]), -1)[rows]
+    assert widths[:-1].tolist() == [width] * (len(widths) - 1) and 0 < widths[-1] <= width
     assert shown.shape[1] == math.ceil((int(tokens["position"].max()) + 1) / width) <= 5
     for (rollout, column), value in means.items():
         assert shown[rollouts.index(rollout), column] == pytest.approx(value, rel=1e-5), (rollout, column)

@@ -352,7 +352,7 @@ def test_token_heatmap_ticks_whole_positions_centred_on_their_cells(length):
     step = axis["dtick"]
     assert isinstance(step, int) and step >= 1
     ticks = list(range(0, length, step))
-    cells = [np.asarray(trace.x).tolist() for trace in heatmap.data]
+    cells = [(trace.x0 + trace.dx * np.arange(np.asarray(trace.z).shape[1])).tolist() for trace in heatmap.data]
     assert all(c == list(range(length)) for c in cells)  # cell centres on whole positions
     if length <= 40:
         assert ticks == list(range(length))  # one tick per token position
@@ -419,3 +419,27 @@ def test_the_server_gives_freed_large_blocks_back_to_the_system():
 
     assert kept_mb("default") > 15
     assert kept_mb("release") < 2
+
+
+@pytest.mark.parametrize("tokens, width", [(5000, 5), (4997, 5), (3, 1), (7, 7)])
+def test_binned_heatmap_cells_span_exactly_their_tokens(tokens, width):
+    """Bins of `width` consecutive tokens (the last may be shorter) go as evenly spaced columns (x0 + dx: plotly.js
+    draws those as one image pixel per cell) and, when the last bin is shorter, a column of its own width: every
+    cell spans exactly its tokens (position ± 0.5 at both ends)."""
+    first = np.arange(0, tokens, width)
+    last = np.minimum(first + width, tokens) - 1
+    runs = charts.column_runs((first + last) / 2, width)
+    assert all("x" not in at for _, at in runs)
+    edges = []
+    for columns, at in runs:
+        count = len(first[columns])
+        left = at["x0"] - at["dx"] / 2 + at["dx"] * np.arange(count)
+        edges += list(zip(left, left + at["dx"], strict=True))
+    np.testing.assert_allclose(edges, np.stack([first - 0.5, last + 0.5], axis=1))
+    assert len(runs) == (1 if tokens % width == 0 or len(first) == 1 else 2)
+
+
+def test_heatmap_columns_not_evenly_spaced_keep_their_positions():
+    # a gap (an imported run without some positions): the x array, drawn cell by cell
+    ((columns, at),) = charts.column_runs(np.array([0.0, 1.0, 3.0]))
+    assert columns == slice(None) and at["x"].tolist() == [0.0, 1.0, 3.0]

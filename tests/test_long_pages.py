@@ -14,7 +14,16 @@ import numpy as np
 import pandas as pd
 import pytest
 from conftest import settle_run_logs
-from test_dashboard import array, dataframe, independent, open_page, plotly_spec, shown_groups, table
+from test_dashboard import (
+    array,
+    dataframe,
+    heatmap_cells,
+    independent,
+    open_page,
+    plotly_spec,
+    shown_groups,
+    table,
+)
 
 from dashboard import advantage_charts, data, recompute
 from dashboard.tokens import visible_text
@@ -296,17 +305,18 @@ def test_weighting_heatmaps_of_a_long_group_are_binned_to_the_panel(logs, monkey
 
     at = open_page(logs, "algorithm_weighting", monkeypatch, run=RUN, step=0, group=0)
     assert not at.exception
-    heatmap = plotly_spec(at, "weight_heatmaps")["data"][0]  # the registry's first: GRPO
+    # the registry's first panel: GRPO
+    shown, centres, widths = heatmap_cells([t for t in plotly_spec(at, "weight_heatmaps")["data"] if t["xaxis"] == "x"])
     tokens = data.tokens_at_update(RunReader(logs), RUN, 0, (0, 1, 2), -1)
     weights = recompute.weigh(recompute.batch_from_tokens(tokens), "grpo", {}).grad_weight  # (3, 5000), NaN padded
     rows, positions = np.nonzero(np.isfinite(weights))
     expected = pd.Series(weights[rows, positions]).groupby([rows, positions // 16]).mean()
-    shown = array(heatmap["z"]).reshape(3, -1)
     assert shown.shape == (3, 313)
     np.testing.assert_allclose(shown[np.isfinite(shown)], expected.to_numpy(), rtol=1e-5,
                                atol=1e-6 * np.abs(expected).max())
     assert np.isfinite(shown).sum(axis=1).tolist() == [313, 75, 2]  # 5,000, 1,200 and 20 tokens
-    np.testing.assert_allclose(array(heatmap["x"]), [*(np.arange(312) * 16 + 7.5), (4992 + 4999) / 2])
+    np.testing.assert_allclose(centres, [*(np.arange(312) * 16 + 7.5), (4992 + 4999) / 2])
+    assert widths.tolist() == [16] * 312 + [8]  # each cell spans its bin's tokens, the last one's 8 included
 
 
 def test_replay_step_move_reads_the_new_step_only_and_no_text_but_the_groups(logs, monkeypatch):
@@ -379,9 +389,10 @@ def test_weighting_computes_the_next_step_ahead_so_moving_there_recomputes_nothi
     at.select_slider(key="step").set_value(1).run()
     assert not at.exception
     assert asked == [] and weighed == []
-    heatmap = plotly_spec(at, "weight_heatmaps")["data"][0]  # the registry's first (GRPO), on step 1
+    # the registry's first panel (GRPO), on step 1
+    shown = heatmap_cells([t for t in plotly_spec(at, "weight_heatmaps")["data"] if t["xaxis"] == "x"])[0]
     tokens = data.tokens_at_update(RunReader(logs), RUN, 1, (0, 1, 2), -1)
     weights = recompute.weigh(recompute.batch_from_tokens(tokens), "grpo", {}).grad_weight
     binned_weights = recompute.binned_columns(weights, 333)[0]
-    np.testing.assert_allclose(array(heatmap["z"]).reshape(binned_weights.shape), binned_weights, rtol=1e-5,
+    np.testing.assert_allclose(shown, binned_weights, rtol=1e-5,
                                atol=1e-6 * np.nanmax(np.abs(binned_weights)))

@@ -17,6 +17,7 @@ from test_dashboard import (
     array,
     dataframe,
     drawn_figures,
+    heatmap_cells,
     independent,
     open_page,
     open_token_values,
@@ -132,7 +133,9 @@ def test_a_long_rollout_is_shown_by_windows_with_a_strip_of_the_whole(logs, monk
     cells, windows, marks = strip["data"]
     by_bin = rows.groupby(rows["position"] // 5)
     np.testing.assert_allclose(grid(cells["z"])[0], by_bin["mismatch"].mean(), rtol=1e-6)  # sent as float32
-    np.testing.assert_allclose(array(cells["x"]), (by_bin["position"].min() + by_bin["position"].max()) / 2)
+    _, centres, widths = heatmap_cells([cells])
+    np.testing.assert_allclose(centres, (by_bin["position"].min() + by_bin["position"].max()) / 2)
+    assert set(widths) == {5}
     for label, hit in (("clip low", rows["clip"] == CLIP_LOW), ("rejected", rows["rejected"] != 0)):
         line = grid(marks["z"])[marks["y"].index(label)]
         marked = np.flatnonzero(~np.isnan(line))
@@ -146,7 +149,11 @@ def test_a_long_rollout_is_shown_by_windows_with_a_strip_of_the_whole(logs, monk
     # The heatmap: the whole completion binned, never one column per token; drawn outside the window's fragment,
     # so it does not mark the window (moving the window neither rebuilds nor redraws it).
     heatmap = plotly_spec(at, "token_channel_heatmap")
-    assert all(len(array(trace["x"])) == 1000 for trace in heatmap["data"])
+    for trace in heatmap["data"]:  # a row per channel, on one pair of axes
+        values, centres, widths = heatmap_cells([trace])
+        assert values.shape == (1, 1000) and set(widths) == {5}
+        np.testing.assert_allclose(centres, (by_bin["position"].min() + by_bin["position"].max()) / 2)
+    assert len({trace["y"][0] for trace in heatmap["data"]}) == len(heatmap["data"])
     assert not heatmap["layout"].get("shapes")
 
     # Moving the window: the next tokens, and the URL follows (a link opens the same window); the table of values,
@@ -176,10 +183,11 @@ def test_a_short_rollout_is_shown_whole_one_cell_per_token(logs, monkeypatch):
     assert not at.get("select_slider")  # no window control, no strip
     assert drawn_figures(at) and all("token_strip" not in element for element in drawn_figures(at))
     heatmap = plotly_spec(at, "token_channel_heatmap")
-    assert all(array(trace["x"]).tolist() == list(range(SHORT)) for trace in heatmap["data"])
+    assert all(heatmap_cells([trace])[1].tolist() == list(range(SHORT)) for trace in heatmap["data"])
     bottom = max((k for k in heatmap["layout"] if k.startswith("xaxis")), key=lambda k: int(k[5:] or 1))
     assert heatmap["layout"][bottom]["dtick"] == 1  # one tick per token, centred on its cell
-    ratio = next(t for t in heatmap["data"] if t["y"] == ["ratio π/π_old"])
+    row_names = heatmap["layout"]["yaxis"]["ticktext"]
+    ratio = next(t for t in heatmap["data"] if row_names[t["y"][0]] == "ratio π/π_old")
     np.testing.assert_allclose(grid(ratio["z"])[0], rows["ratio"], rtol=1e-6)  # sent as float32
 
 
@@ -204,7 +212,6 @@ def test_the_report_of_a_long_rollout_writes_each_token_once_and_bins_its_heatma
     """The report draws the rollout's tokens in the reader's browser (`token_spans.js`) from data written once:
     its texts and hover texts once, a colour per token and channel. Written out as spans for each of its channels,
     a 16,384-token completion made a 105 MB report; its token x channel heatmap is binned as the page's."""
-    import base64
     import json
 
     from dashboard import plotly_bundle
@@ -225,7 +232,6 @@ def test_the_report_of_a_long_rollout_writes_each_token_once_and_bins_its_heatma
     figures = [json.loads(f)["data"] for f in re.findall(r"var f = (\{.*?\}); Plotly.newPlot", text)]
     heatmap = [traces for traces in figures if "mean of the" in traces[0].get("hovertemplate", "")]
     assert len(heatmap) == 1 and len(heatmap[0]) == len(colours)  # a row per channel
-    columns = {len(base64.b64decode(trace["x"]["bdata"])) // 4 for trace in heatmap[0]}  # float32 bin centres
-    assert columns == {min(OVERVIEW_BINS, LONG)}
+    assert {heatmap_cells([trace])[0].shape[1] for trace in heatmap[0]} == {min(OVERVIEW_BINS, LONG)}
     # the whole report, plotly.js aside: about 0.5 kB a token (written out per channel it was about 4 kB)
     assert len(text) - len(plotly_bundle.served_script()) < 1000 * LONG
