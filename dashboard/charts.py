@@ -160,12 +160,10 @@ def metric_curves(
                             hovertemplate=f"{run}<br>step %{{x}}<br>{col} (smoothed) %{{y:.4g}}<extra></extra>")
             grid.add(i, line)
         # Steps are integers: with few of them, one tick per step (plotly would otherwise tick at 0.5).
-        grid.axis(i, "x").update({"dtick": 1} if few_steps else {}, **({"range": list(x_range)} if x_range else {}),
-                                 **FIXED_MARGINS)
-        grid.axis(i, "y").update(FIXED_MARGINS, **({"range": FRACTION_RANGE} if col in FRACTION_METRICS else {}))
-    # A number tick (plotly's SI format: "-0.002865", "12.5k") takes 9 characters at most, 55 pixels: the margin
-    # is set rather than measured by plotly, which drew the small multiples twice to fit it (0.14 -> 0.07 s).
-    return grid.figure(height=max(260, 230 * rows), margin={"l": 60, "r": 10, "t": 50, "b": 30},
+        grid.axis(i, "x").update({"dtick": 1} if few_steps else {}, **({"range": list(x_range)} if x_range else {}))
+        if col in FRACTION_METRICS:
+            grid.axis(i, "y").update(range=FRACTION_RANGE)
+    return grid.figure(height=max(260, 230 * rows), margin={"l": 40, "r": 10, "t": 50, "b": 30},
                        legend={"orientation": "h", "y": 1.0 + 0.1 / rows, "yanchor": "bottom"})
 
 

@@ -1,12 +1,11 @@
-"""How long the browser takes to draw the dashboard's heaviest figures, figure by figure.
+"""How long the browser takes to draw the dashboard's heatmaps of long completions, figure by figure.
 
-    python benchmarks/bench_figures.py                 # median of 10 draws of each figure
-    python benchmarks/bench_figures.py --repeat 20
+    python benchmarks/bench_heatmaps.py                # median of 10 draws of each figure
+    python benchmarks/bench_heatmaps.py --repeat 20
 
 Each figure is built by its `dashboard.charts` function from made-up inputs shaped like a reasoning run's (a
 16,384-token completion in the Token inspector's 1,000 bins; Algorithm weighting's five panels of one group, 8
-completions, and of a whole step's first 48, binned to a third of the screen; Mismatch's 20 corrections stacked; the
-Runs page's curves of three runs over 400 steps), then
+completions, and of a whole step's first 48, binned to a third of the screen; Mismatch's 20 corrections stacked), then
 drawn in headless Chromium by the plotly.js the dashboard serves, with the axes the dashboard's template gives every
 figure (`automargin` on: dashboard/figure.js), two ways:
 - newPlot: a first draw into an empty element (a page's first load, a reload);
@@ -78,23 +77,8 @@ def binned_weights(seed: int, rows: int, names: list[str], longest: int):
     return weights, labels, centres, width
 
 
-def run_curves(seed: int, runs: int = 3, steps: int = 400):
-    """`data.run_steps`' frame of made-up runs: every metric of the Runs page's curves at every step."""
-    import numpy as np
-    import pandas as pd
-
-    from dashboard import charts
-
-    rng = np.random.default_rng(seed)
-    frame = pd.DataFrame({"run": np.repeat([f"run-{k}" for k in range(runs)], steps),
-                          "step": np.tile(np.arange(steps), runs)})
-    for column, _ in charts.CURVE_METRICS:
-        frame[column] = rng.uniform(size=len(frame)).cumsum() / np.arange(1, len(frame) + 1)
-    return frame
-
-
 def figures(seed: int) -> dict:
-    """Every figure timed here, as plotly JSON, from inputs of `seed`."""
+    """Every heatmap timed here, as plotly JSON, from inputs of `seed`."""
     import plotly.io as pio
 
     from dashboard import charts
@@ -111,7 +95,6 @@ def figures(seed: int) -> dict:
     weights, labels, centres, width = binned_weights(seed, 8, [f"correction {k}" for k in range(20)], 16_384)
     made["Mismatch, 20 corrections x 8"] = charts.stacked_weight_heatmap(weights, labels, positions=centres,
                                                                          bin_width=width)
-    made["Runs, curves of 3 runs"] = charts.metric_curves(run_curves(seed))
     specs = {}
     for name, figure in made.items():
         spec = figure.to_dict()
