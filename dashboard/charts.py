@@ -239,9 +239,9 @@ def text_width_px(texts, font_size: float) -> int:
 
 
 FIXED_MARGINS = {"automargin": False}
-COLOURBAR_MARGIN = 90  # pixels right of the panels for a colour bar with its title beside it
 """An axis whose figure sets margins wide enough for its labels (`text_width_px`): the dashboard's template turns
 plotly's automargin on for every other axis."""
+COLOURBAR_MARGIN = 90  # pixels right of the panels for a colour bar with its title beside it
 
 
 def _channel_rows(frame: pd.DataFrame, channel_names: list[str], x: np.ndarray, labels: list[str] | None,
@@ -401,8 +401,9 @@ def stacked_weight_heatmap(weights: dict[str, np.ndarray], row_labels: list[str]
                            ) -> go.Figure:
     """The weights (B, T) of many corrections as one heatmap of their bands stacked top to bottom (band k: the B
     rows of the k-th correction, labelled "<correction> · <row label>"), on one scale centred at `centre`.
-    One trace instead of a panel each: a browser draws twenty panels in 0.4-0.8 s, this in 0.15 s. Sent as float32
-    (a weight needs no more digits than the hover's three); NaN (padding) leaves the cell blank."""
+    One trace (two with a shorter last bin: `column_runs`) instead of a panel each: a browser draws twenty panels in
+    0.4-0.8 s, this in 0.04 s (benchmarks/bench_heatmaps.py). Sent as float32 (a weight needs no more digits than the
+    hover's three); NaN (padding) leaves the cell blank."""
     names, rows = list(weights), len(row_labels)
     z = np.concatenate([np.asarray(weights[name], dtype=np.float32) for name in names])  # (C * B, T)
     spread = _spread([z], centre)
