@@ -252,13 +252,14 @@ def _channel_rows(frame: pd.DataFrame, channel_names: list[str], x: np.ndarray, 
     channel_names = [c for c in channel_names if CHANNELS[c].column in frame.columns
                      and pd.to_numeric(frame[CHANNELS[c].column], errors="coerce").notna().any()]
     row_labels = [CHANNELS[name].label for name in channel_names]
+    runs = column_runs(x, width)
     traces = []
     for row, name in enumerate(channel_names):
         channel = CHANNELS[name]
         values = pd.to_numeric(frame[channel.column], errors="coerce").to_numpy(dtype=float)
         low, high = channel_range(pd.Series(values), channel)
         values = values.astype(np.float32)  # plotly's binary arrays at half the bytes; the hover shows 4 digits
-        for columns, at in column_runs(x, width):
+        for columns, at in runs:
             traces.append({
                 "type": "heatmap", "z": values[None, columns], **at, "y": [row],
                 "zmin": low, "zmax": high, "colorscale": _scale(channel.colorscale), "showscale": False,
